@@ -1,0 +1,58 @@
+# Two commands do all the set-up: `sudo make experiment` and `make test` (both run `setup`).
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+DEB_PACKAGES := mininet openvswitch-switch iperf3 iperf iputils-ping ethtool nftables
+SPEC ?= experiments/default.yaml
+OUT ?=
+PYTEST_ARGS ?=
+
+.PHONY: setup deb venv ovs test unit experiment bench bench-fabric clean-net
+
+setup: deb venv ovs
+
+# Install only the Debian packages that are missing (idempotent; `apt-get update` only when needed).
+deb:
+	@missing=""; for p in $(DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "setup: missing Debian packages:$$missing; run as root (sudo make setup)" >&2; exit 1; fi; \
+	  echo "setup: installing$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+# The venv sees Debian's mininet module (system site packages); Ryu 4.34 needs old setuptools.
+venv: $(VENV)/.installed
+$(VENV)/.installed: requirements.txt
+	@test -x $(PY) || /usr/bin/python3 -m venv --system-site-packages $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check 'setuptools<70' wheel
+	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -r requirements.txt
+	@touch $@
+
+# Start Open vSwitch when it is not running (nothing starts it on a fresh machine).
+ovs:
+	@if ! ovs-vsctl --timeout=3 show >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "setup: Open vSwitch is not running; start it as root (sudo make setup)" >&2; exit 1; fi; \
+	  echo "setup: starting Open vSwitch"; \
+	  /usr/share/openvswitch/scripts/ovs-ctl start --system-id=random >/dev/null 2>&1 || { echo "setup: ovs-ctl start failed" >&2; exit 1; }; \
+	fi
+
+test: setup
+	$(PY) -m pytest -q tests $(PYTEST_ARGS)
+
+# Unit tests only: no root, no network.
+unit: venv
+	$(PY) -m pytest -q -m "not integration" tests $(PYTEST_ARGS)
+
+experiment: setup
+	$(PY) -m experiments run $(SPEC) $(if $(OUT),--out $(OUT))
+
+bench: venv
+	$(PY) -m hostapps.bench
+
+bench-fabric: setup
+	$(PY) -m topologies.bench
+
+clean-net:
+	$(PY) -m topologies.cleanup

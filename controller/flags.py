@@ -1,0 +1,16 @@
+"""Command-line options of the fabric app, registered with Ryu's config.
+
+Plain ryu-manager loads them with `--user-flags controller/flags.py`; `python -m controller`
+imports this module before Ryu parses its arguments.
+"""
+from ryu import cfg
+
+from controller.routing import LB_MODES
+
+cfg.CONF.register_cli_opts([
+    cfg.StrOpt("lb", default="ecmp", choices=LB_MODES,
+               help="load balancing over equal-cost paths: " + ", ".join(LB_MODES)),
+    cfg.FloatOpt("stats-interval", default=1.0, help="seconds between port/group stat polls"),
+    cfg.StrOpt("stats-csv", default="", help="append port statistics to this CSV file"),
+    cfg.FloatOpt("probe-interval", default=1.0, help="seconds between link-discovery probes"),
+], group="fabric")

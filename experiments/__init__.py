@@ -1,0 +1,1 @@
+"""Experiment runner: YAML specs, matrix expansion, tidy results, metrics, plots and summaries."""

@@ -1,0 +1,80 @@
+"""Command line: `python -m experiments run|validate|plot ...` (see --help)."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from experiments.spec import Spec, SpecError, load_spec
+
+RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m experiments",
+                                     description="Run, check and plot testbed experiments.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    set_help = "override a spec field, value parsed as YAML (repeatable), e.g. --set topology.spines=4"
+
+    run = commands.add_parser("run", help="run every run of a spec on the emulated fabric (root)")
+    run.add_argument("spec", help="YAML spec file")
+    run.add_argument("--out", type=Path, help=f"results directory (default: {RESULTS_DIR}/<name>-<time>)")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
+    run.add_argument("--resume", action="store_true", help="skip the runs --out already finished")
+
+    validate = commands.add_parser("validate", help="check a spec and list its runs (no root needed)")
+    validate.add_argument("spec", help="YAML spec file")
+    validate.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
+
+    plot = commands.add_parser("plot", help="redraw the plots of a results directory from its CSVs")
+    plot.add_argument("dir", type=Path, help="results directory (holding runs.csv)")
+    return parser
+
+
+def run_list(spec: Spec) -> str:
+    """The expanded runs, one line each, as `validate` prints them."""
+    lines = [f"{spec.name}: {len(spec.runs)} runs ({len(spec.runs) // spec.header.repetitions} "
+             f"matrix points x {spec.header.repetitions} repetition(s))"]
+    if spec.baseline:
+        lines.append("baseline: {}={}".format(*spec.baseline))
+    width = max(len(run.run_id) for run in spec.runs)
+    for run in spec.runs:
+        config = run.config
+        servers = ",".join(config.server_hosts) or "-"
+        lines.append(f"{run.index + 1:>3}  {run.run_id:<{width}}  {run.job.mode:<9} lb={run.controller.lb:<6} "
+                     f"sched={run.controller.sched} transport={run.job.transport} "
+                     f"workers={','.join(config.worker_hosts)} servers={servers} "
+                     f"iterations={run.job.iterations} seed={run.job.seed}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "plot":
+        if not (args.dir / "runs.csv").exists():
+            print(f"plot: {args.dir} has no runs.csv", file=sys.stderr)
+            return 2
+        from experiments.plots import plot_all  # matplotlib only when plotting
+        for path in plot_all(args.dir):
+            print(path)
+        return 0
+    try:
+        spec = load_spec(args.spec, args.set)
+    except SpecError as error:
+        print(error, file=sys.stderr)
+        return 2
+    if args.command == "validate":
+        print(run_list(spec))
+        return 0
+    if args.resume and args.out is None:
+        print("run: --resume needs --out, the directory to resume", file=sys.stderr)
+        return 2
+    out = args.out or RESULTS_DIR / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    from experiments.runner import run_experiment  # the network side: Mininet, OVS, Ryu
+    run_experiment(spec, out, args.resume)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""Per-run metrics from the host apps' and controller's raw records: iteration times, the
+analytical lower bounds, TicTac overlap efficiency, time-to-accuracy, link utilization.
+
+All functions are pure: DataFrames and numbers in, numbers or DataFrames out.
+
+Definitions (the report's vocabulary):
+- Iteration time T_i: the interval between the completions of iterations i-1 and i of the
+  job, completion being the last worker's end_s. The first iteration (start-up, first
+  connections, cold caches) has no predecessor and so never counts; the mean of T_i over a
+  run is consistent with wall-clock throughput.
+- compute and comm are likewise averaged over the workers' steady iterations (all but the
+  first). comm is *measured*: per worker and iteration, the time at least one of its tensor
+  transfers was in flight (the union of their start..end intervals in tensors.csv: network
+  wait + transfer). TicTac efficiency is computed from it, not from the analytical bound.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+# Above this mean host CPU utilization the emulation is CPU-bound, not network-bound.
+FIDELITY_CPU_LIMIT = 0.9
+
+# The per-run metric columns of runs.csv, in order (run_metrics + speedup_vs_baseline).
+METRIC_COLUMNS = [
+    "iter_time_mean_s", "iter_time_p50_s", "iter_time_p99_s", "samples_per_s",
+    "final_accuracy", "time_to_accuracy_s", "bytes_sent", "lower_bound_s",
+    "tictac_efficiency", "speedup_vs_baseline", "cpu_util_mean", "fidelity_ok",
+]
+
+
+def comm_lower_bound_s(mode: str, model_bytes: float, host_bw_mbps: float,
+                       workers: int, servers: int) -> float:
+    """Analytical lower bound on one iteration's communication time.
+
+    Ring all-reduce: every worker sends and receives 2(n-1)/n of the model over its link.
+    Parameter server with k shards: every worker pushes the whole model (S/B) and the shards
+    together receive n models over k links (n*S/(k*B)).
+    """
+    rate_bytes_per_s = host_bw_mbps * 1e6 / 8
+    seconds_per_model = model_bytes / rate_bytes_per_s
+    if mode == "allreduce":
+        return 2 * (workers - 1) / workers * seconds_per_model
+    if mode == "ps":
+        return max(seconds_per_model, workers * seconds_per_model / servers)
+    raise ValueError(f"mode: {mode!r} is not allowed (allreduce or ps)")
+
+
+def tictac_efficiency(comm_s: float, compute_s: float, iter_time_s: float) -> float:
+    """TicTac's overlap efficiency E = (comm + comp - T) / (comm + comp - max(comm, comp)).
+
+    1 when communication hides completely behind computation (T = max), 0 when they run
+    back to back (T = comm + comp). Not clipped: values outside [0, 1] mean T was below the
+    max or above the sum, i.e. the measurements disagree. NaN when either part is zero or
+    unknown, where overlap is undefined.
+    """
+    overlap_room = comm_s + compute_s - max(comm_s, compute_s)
+    if not overlap_room > 0:
+        return math.nan
+    return (comm_s + compute_s - iter_time_s) / overlap_room
+
+
+def iteration_times_s(iterations: pd.DataFrame) -> pd.Series:
+    """T_i per iteration (indexed by iteration) from the workers' rows of iterations.csv."""
+    workers = iterations[iterations["role"] == "worker"]
+    completion = workers.groupby("iteration")["end_s"].max().sort_index()
+    return completion.diff().iloc[1:]
+
+
+def _steady(rows: pd.DataFrame) -> pd.DataFrame:
+    """Workers' rows without the first iteration (see the module docstring)."""
+    workers = rows[rows["role"] == "worker"]
+    return workers[workers["iteration"] > workers["iteration"].min()]
+
+
+def comm_time_s(tensors: pd.DataFrame) -> float:
+    """Mean over worker-iterations of the time any of their tensor transfers was in flight."""
+    steady = _steady(tensors).sort_values(["rank", "iteration", "start_s"])
+    if steady.empty:
+        return math.nan
+    # Walking the intervals by start time, each adds what lies beyond the furthest end so far.
+    reach = steady.groupby(["rank", "iteration"])["end_s"].transform(lambda ends: ends.cummax().shift())
+    added = (steady["end_s"] - np.fmax(steady["start_s"], reach)).clip(lower=0)
+    return float(added.groupby([steady["rank"], steady["iteration"]]).sum().mean())
+
+
+def tensor_time_p99_s(tensors: pd.DataFrame) -> float:
+    """99th percentile of single tensor transfer times (any role, any direction)."""
+    durations = tensors["end_s"] - tensors["start_s"]
+    return float(durations.quantile(0.99)) if len(durations) else math.nan
+
+
+def time_to_accuracy_s(iterations: pd.DataFrame, target: float) -> float:
+    """Seconds from the first iteration's start until a worker first reports test accuracy
+    >= target; NaN if it never does."""
+    workers = iterations[iterations["role"] == "worker"]
+    reached = workers[workers["test_accuracy"] >= target]
+    if reached.empty:
+        return math.nan
+    return float(reached["end_s"].min() - workers["start_s"].min())
+
+
+def per_run(table: pd.DataFrame, metric: Callable[[pd.DataFrame], float]) -> pd.Series:
+    """metric of each run's rows of a combined table (one with a run_id column)."""
+    if table.empty:
+        return pd.Series(dtype=float)
+    return table.groupby("run_id").apply(metric)
+
+
+def run_metrics(iterations: pd.DataFrame, tensors: pd.DataFrame, summaries: pd.DataFrame,
+                cpu: pd.DataFrame, *, mode: str, workers: int, servers: int, batch: int,
+                host_bw_mbps: float, target_accuracy: float) -> dict[str, float | bool]:
+    """The metric columns of one run's runs.csv row, all but speedup_vs_baseline.
+
+    iterations/tensors: the run's rows of the combined CSVs; summaries: one row per host-app
+    process with role and the summary.json fields; cpu: cpu.csv. batch is the global batch.
+    """
+    iter_times = iteration_times_s(iterations)
+    iter_mean = float(iter_times.mean()) if len(iter_times) else math.nan
+    compute = float(_steady(iterations)["compute_s"].mean())
+    worker_summaries = summaries[summaries["role"] == "worker"]
+    model_bytes = float(worker_summaries["bytes_per_iteration"].iloc[0]) if len(worker_summaries) else math.nan
+    comm_bound = comm_lower_bound_s(mode, model_bytes, host_bw_mbps, workers, servers)
+    cpu_mean = float(cpu["cpu_util"].mean()) if len(cpu) else math.nan
+    return {
+        "iter_time_mean_s": iter_mean,
+        "iter_time_p50_s": float(iter_times.quantile(0.5)) if len(iter_times) else math.nan,
+        "iter_time_p99_s": float(iter_times.quantile(0.99)) if len(iter_times) else math.nan,
+        "samples_per_s": batch / iter_mean,
+        "final_accuracy": float(worker_summaries["final_accuracy"].mean()),
+        "time_to_accuracy_s": time_to_accuracy_s(iterations, target_accuracy),
+        "bytes_sent": float(iterations["bytes_sent"].sum()),
+        "lower_bound_s": float(np.fmax(comm_bound, compute)),
+        "tictac_efficiency": tictac_efficiency(comm_time_s(tensors), compute, iter_mean),
+        "cpu_util_mean": cpu_mean,
+        "fidelity_ok": pd.NA if math.isnan(cpu_mean) else bool(cpu_mean <= FIDELITY_CPU_LIMIT),
+    }
+
+
+def speedup_vs_baseline(runs: pd.DataFrame, axes: list[str], baseline_axis: str | None,
+                        baseline_label: str | None) -> pd.Series:
+    """mean iteration time of the baseline (same values on every other axis, averaged over
+    repetitions) / this run's mean iteration time; NaN without a baseline."""
+    if baseline_axis is None:
+        return pd.Series(math.nan, index=runs.index)
+    others = [axis for axis in axes if axis != baseline_axis]
+    baseline_rows = runs[runs[baseline_axis].astype(str) == str(baseline_label)]
+    if others:
+        baseline_mean = baseline_rows.groupby(others)["iter_time_mean_s"].mean()
+        per_run = runs.join(baseline_mean.rename("baseline_s"), on=others)["baseline_s"]
+    else:
+        per_run = pd.Series(baseline_rows["iter_time_mean_s"].mean(), index=runs.index)
+    return per_run / runs["iter_time_mean_s"]
+
+
+# links.csv columns (after run_id): one row per switch port and sampling interval.
+LINK_COLUMNS = [
+    "time_s", "interval_s", "switch", "port", "peer", "tier", "rate_mbps",
+    "tx_bytes", "rx_bytes", "tx_pkts", "rx_pkts", "tx_mbps", "rx_mbps",
+    "tx_util_frac", "rx_util_frac", "tx_dropped_pkts", "rx_dropped_pkts",
+]
+
+
+def link_utilization(ports: pd.DataFrame, port_rates: pd.DataFrame) -> pd.DataFrame:
+    """links.csv rows of one run: per port and sampling interval, the bytes, rates,
+    utilization (of the port's configured rate) and drops from cumulative port counters.
+
+    Ports without a configured rate (the switch's LOCAL port, say) are left out, and so are
+    intervals whose counters went backwards (a switch reconnected and reset them).
+    """
+    rates = port_rates.astype({"switch": str, "port": str})
+    samples = ports.astype({"switch": str, "port": str}).merge(rates, on=["switch", "port"])
+    samples = samples.sort_values(["switch", "port", "time_s"])
+    counters = ["tx_bytes", "rx_bytes", "tx_packets", "rx_packets", "tx_dropped", "rx_dropped"]
+    deltas = samples.groupby(["switch", "port"])[["time_s", *counters]].diff()
+    links = samples[["time_s", "switch", "port", "peer", "tier", "rate_mbps"]].assign(
+        interval_s=deltas["time_s"],
+        tx_bytes=deltas["tx_bytes"], rx_bytes=deltas["rx_bytes"],
+        tx_pkts=deltas["tx_packets"], rx_pkts=deltas["rx_packets"],
+        tx_dropped_pkts=deltas["tx_dropped"], rx_dropped_pkts=deltas["rx_dropped"],
+    )
+    valid = (links["interval_s"] > 0) & (deltas[counters] >= 0).all(axis=1)
+    links = links[valid].copy()
+    for direction in ("tx", "rx"):
+        links[f"{direction}_mbps"] = links[f"{direction}_bytes"] * 8 / links["interval_s"] / 1e6
+        links[f"{direction}_util_frac"] = links[f"{direction}_mbps"] / links["rate_mbps"]
+    return links[LINK_COLUMNS].reset_index(drop=True)
+
+
+
+def fabric_link_utilization(links: pd.DataFrame) -> pd.Series:
+    """Mean transmit utilization of each fabric port (one direction of a fabric link)."""
+    fabric = links[links["tier"] == "fabric"]
+    return fabric.groupby(["switch", "port"])["tx_util_frac"].mean()
+
+
+def link_imbalance(links: pd.DataFrame) -> float:
+    """max / mean of the fabric ports' mean utilization: 1 is a perfectly even spread."""
+    per_port = fabric_link_utilization(links)
+    mean = per_port.mean()
+    return float(per_port.max() / mean) if mean > 0 else math.nan

@@ -1,0 +1,140 @@
+"""The result plots, drawn from the aggregated CSVs only (so `python -m experiments plot DIR`
+can redraw them): one figure per question, one panel per training mode, one colour per scheme."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display on the testbed
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from experiments.metrics import fabric_link_utilization, link_imbalance, per_run  # noqa: E402
+from experiments.results import read_tables  # noqa: E402
+
+
+def _panels(rows: pd.DataFrame) -> tuple[plt.Figure, list[tuple[plt.Axes, pd.DataFrame]]]:
+    """A figure with a panel per training mode, and each panel with its mode's rows."""
+    by_mode = list(rows.groupby("mode", sort=False))
+    figure, axes = plt.subplots(1, len(by_mode), figsize=(5.5 * len(by_mode), 4), squeeze=False)
+    for ax, (mode, _) in zip(axes[0], by_mode):
+        ax.set_title(mode)
+    return figure, [(ax, mode_rows) for ax, (_, mode_rows) in zip(axes[0], by_mode)]
+
+
+def _colors(schemes: list[str]) -> dict[str, tuple]:
+    palette = plt.get_cmap("tab10")
+    return {scheme: palette(index % 10) for index, scheme in enumerate(schemes)}
+
+
+def _save(figure: plt.Figure, path: Path) -> Path:
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def iteration_time(tables: dict[str, pd.DataFrame], path: Path) -> Path | None:
+    """Mean iteration time per scheme, error bars over repetitions, lower bound as a bar."""
+    runs = tables["runs"].dropna(subset=["iter_time_mean_s"])
+    if runs.empty:
+        return None
+    figure, panels = _panels(runs)
+    for ax, mode_runs in panels:
+        stats = mode_runs.groupby("scheme", sort=False).agg(
+            mean=("iter_time_mean_s", "mean"), std=("iter_time_mean_s", "std"), bound=("lower_bound_s", "mean"))
+        positions = np.arange(len(stats))
+        ax.bar(positions, stats["mean"], yerr=stats["std"].fillna(0), capsize=4, color="tab:blue",
+               label="measured")
+        ax.hlines(stats["bound"], positions - 0.4, positions + 0.4, colors="black", linewidth=2,
+                  label="lower bound")
+        ax.set_xticks(positions, stats.index, rotation=20, ha="right")
+        ax.set_ylabel("iteration time (s)")
+        ax.legend()
+    return _save(figure, path)
+
+
+def accuracy(tables: dict[str, pd.DataFrame], path: Path) -> Path | None:
+    """Test accuracy against wall-clock time since each run's first iteration, every run."""
+    iterations = tables["iterations"]
+    workers = iterations[iterations["role"] == "worker"]
+    start = workers.groupby("run_id")["start_s"].min()
+    evaluated = workers[(workers["rank"] == 0) & workers["test_accuracy"].notna()]
+    if evaluated.empty:
+        return None
+    colors = _colors(list(tables["runs"]["scheme"].unique()))
+    figure, panels = _panels(evaluated)
+    for ax, mode_rows in panels:
+        labelled = set()
+        for run_id, rows in mode_rows.groupby("run_id", sort=False):
+            scheme = rows["scheme"].iloc[0]
+            rows = rows.sort_values("end_s")
+            ax.plot(rows["end_s"] - start[run_id], rows["test_accuracy"], marker=".", color=colors[scheme],
+                    label=None if scheme in labelled else scheme)
+            labelled.add(scheme)
+        ax.set_xlabel("wall-clock time (s)")
+        ax.set_ylabel("test accuracy")
+        ax.legend()
+    return _save(figure, path)
+
+
+def tensor_cdf(tables: dict[str, pd.DataFrame], path: Path) -> Path | None:
+    """CDF of single tensor transfer times, repetitions pooled."""
+    tensors = tables["tensors"]
+    if tensors.empty:
+        return None
+    colors = _colors(list(tables["runs"]["scheme"].unique()))
+    figure, panels = _panels(tensors)
+    for ax, mode_rows in panels:
+        for scheme, rows in mode_rows.groupby("scheme", sort=False):
+            durations_ms = np.sort((rows["end_s"] - rows["start_s"]).to_numpy() * 1000)
+            fraction = np.arange(1, len(durations_ms) + 1) / len(durations_ms)
+            ax.step(durations_ms, fraction, where="post", color=colors[scheme], label=scheme)
+        ax.set_xscale("log")
+        ax.set_xlabel("tensor transfer time (ms)")
+        ax.set_ylabel("fraction of transfers")
+        ax.legend()
+    return _save(figure, path)
+
+
+def link_utilization(tables: dict[str, pd.DataFrame], path: Path) -> Path | None:
+    """Each fabric port's mean utilization per scheme (a dot a port and repetition), with the
+    scheme's imbalance (max/mean, averaged over repetitions) above it."""
+    links = tables["links"]
+    if links[links["tier"] == "fabric"].empty:
+        return None
+    figure, panels = _panels(links)
+    for ax, mode_links in panels:
+        schemes = list(mode_links["scheme"].unique())
+        for position, scheme in enumerate(schemes):
+            rows = mode_links[mode_links["scheme"] == scheme]
+            utilization = rows.groupby("run_id").apply(fabric_link_utilization).to_numpy().ravel()
+            imbalance = per_run(rows, link_imbalance).mean()
+            jitter = np.linspace(-0.2, 0.2, len(utilization))
+            ax.scatter(position + jitter, utilization, s=12, color="tab:blue")
+            ax.annotate(f"max/mean {imbalance:.2f}", (position, np.nanmax(utilization)),
+                        textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
+        ax.set_xticks(range(len(schemes)), schemes, rotation=20, ha="right")
+        ax.set_ylim(0, max(1.0, ax.get_ylim()[1] * 1.1))  # the scale of the link's capacity
+        ax.set_ylabel("fabric port utilization (fraction of rate)")
+    return _save(figure, path)
+
+
+PLOTS: dict[str, Callable[[dict[str, pd.DataFrame], Path], Path | None]] = {
+    "iteration_time": iteration_time,
+    "accuracy": accuracy,
+    "tensor_cdf": tensor_cdf,
+    "link_utilization": link_utilization,
+}
+
+
+def plot_all(out_dir: str | Path) -> list[Path]:
+    """Draw every plot with data into OUT/plots/<name>.png; return the files written."""
+    tables = read_tables(out_dir)
+    plot_dir = Path(out_dir) / "plots"
+    plot_dir.mkdir(exist_ok=True)
+    written = (plot(tables, plot_dir / f"{name}.png") for name, plot in PLOTS.items())
+    return [path for path in written if path is not None]

@@ -1,0 +1,58 @@
+"""Progress of an experiment on the terminal: run i/N of the matrix with an ETA, and below it
+the current run's iterations.
+
+    with Progress(len(spec.runs)) as progress:
+        for run in spec.runs:
+            progress.start_run(run.run_id, run.job.iterations)
+            ...  progress.iteration(i)  as the host apps report iteration i (1-based, done)
+            progress.end_run("ok")
+"""
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from typing import IO
+
+from tqdm import tqdm
+
+
+class Progress:
+    def __init__(self, total_runs: int, file: IO[str] = sys.stderr, disable: bool = False):
+        self.file = file
+        self.disable = disable
+        self.runs = tqdm(total=total_runs, desc="runs", unit="run", position=0, file=file, disable=disable)
+        self.current: tqdm | None = None
+        self.statuses: Counter[str] = Counter()
+
+    def start_run(self, run_id: str, iterations: int) -> None:
+        self._close_current()
+        self.runs.set_description(f"run {self.runs.n + 1}/{self.runs.total}")
+        self.current = tqdm(total=iterations, desc=run_id, unit="it", position=1, leave=False,
+                            file=self.file, disable=self.disable)
+
+    def iteration(self, done: int) -> None:
+        """The current run has finished `done` iterations (not an increment: reports may skip)."""
+        if self.current is not None:
+            self.current.update(done - self.current.n)
+
+    def end_run(self, status: str) -> None:
+        """status: ok, failed, or skipped for a run --resume found finished."""
+        self._close_current()
+        self.statuses[status] += 1
+        self.runs.set_postfix(dict(self.statuses), refresh=False)
+        self.runs.update(1)
+
+    def _close_current(self) -> None:
+        if self.current is not None:
+            self.current.close()
+            self.current = None
+
+    def close(self) -> None:
+        self._close_current()
+        self.runs.close()
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,259 @@
+"""The results directory: its layout, the per-run input contracts, and the tidy CSVs
+aggregated from them.
+
+    OUT/spec.yaml                  resolved spec (defaults filled, --set applied)
+    OUT/meta.json                  git revision, tool versions, kernel, CPU, seed
+    OUT/runs.csv                   one row per run (columns: runs_columns)
+    OUT/iterations.csv, tensors.csv, links.csv   every run's rows, run_id first
+    OUT/summary.md, OUT/plots/*.png
+    OUT/runs/<run_id>/run.json     the run's config, start/end, status (write_run_record)
+    OUT/runs/<run_id>/ports.csv, port_rates.csv, cpu.csv          controller and runner
+    OUT/runs/<run_id>/<host>-<role><rank>/iterations.csv, tensors.csv, summary.json  host apps
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import re
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from experiments import metrics
+from experiments.spec import CONFIG_COLUMNS, Run, Spec, get_field, parse_spec, scheme_of
+
+# Inputs written per host-app process, per run by the controller and the runner.
+ITERATION_COLUMNS = ["job", "role", "rank", "iteration", "start_s", "end_s", "compute_s", "wait_s",
+                     "bytes_sent", "bytes_recv", "loss", "test_accuracy"]
+TENSOR_COLUMNS = ["job", "role", "rank", "iteration", "tensor", "layer", "bytes", "direction", "peer",
+                  "start_s", "end_s", "delivered_fraction"]
+# bytes_per_iteration is the model's size in bytes: the S of the lower bounds.
+SUMMARY_FIELDS = ["final_accuracy", "iterations", "bytes_per_iteration", "param_count", "wall_time_s"]
+PORT_COLUMNS = ["time_s", "switch", "port", "tx_bytes", "rx_bytes", "tx_packets", "rx_packets",
+                "tx_dropped", "rx_dropped"]
+PORT_RATE_COLUMNS = ["switch", "port", "peer", "rate_mbps", "tier"]
+CPU_COLUMNS = ["time_s", "cpu_util"]
+
+PROCESS_DIR = re.compile(r"(?P<host>.+)-(?P<role>worker|server)(?P<rank>\d+)")
+RUN_STATUSES = ("ok", "failed")
+
+
+def runs_columns(axes: list[str]) -> list[str]:
+    """runs.csv header: run_id, the axes (but those that are config columns), rep, config, metrics."""
+    axis_columns = [axis for axis in axes if axis not in CONFIG_COLUMNS]
+    config_columns = ["mode", "lb", "sched", "transport", "loss_bound", "workers", "iterations"]
+    return ["run_id", *axis_columns, "rep", *config_columns, *metrics.METRIC_COLUMNS]
+
+
+# ------------------------------------------------------------------------------ layout, writers
+
+def run_dir(out_dir: str | Path, run_id: str) -> Path:
+    return Path(out_dir) / "runs" / run_id
+
+
+def process_dir(out_dir: str | Path, run_id: str, host: str, role: str, rank: int) -> Path:
+    """Where one host-app process writes iterations.csv, tensors.csv and summary.json."""
+    return run_dir(out_dir, run_id) / f"{host}-{role}{rank}"
+
+
+def start_output(out_dir: str | Path, spec: Spec, resume: bool) -> Path:
+    """Create OUT with spec.yaml and meta.json. Resuming needs the same resolved spec (the
+    finished runs must stay comparable) and keeps the original meta.json."""
+    out = Path(out_dir)
+    spec_path = out / "spec.yaml"
+    document = spec.resolved_document()
+    if resume and spec_path.exists():
+        if yaml.safe_load(spec_path.read_text()) != document:
+            raise ValueError(f"{spec_path}: differs from the spec given; resume needs the same spec")
+    elif not resume and spec_path.exists():
+        raise ValueError(f"{out}: holds results already; pass --resume or another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    spec_path.write_text(yaml.safe_dump(document, sort_keys=False))
+    if not (out / "meta.json").exists():
+        (out / "meta.json").write_text(json.dumps(environment(spec), indent=2) + "\n")
+    return out
+
+
+def _command_output(command: list[str]) -> str | None:
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return result.stdout.strip().splitlines()[0] if result.stdout.strip() else None
+
+
+def _package_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def environment(spec: Spec) -> dict[str, Any]:
+    """meta.json: what produced the results; None where a version is not obtainable."""
+    repo = Path(__file__).resolve().parent.parent
+    return {
+        "spec": spec.name,
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "git_revision": _command_output(["git", "-C", str(repo), "rev-parse", "HEAD"]),
+        "git_dirty": bool(_command_output(["git", "-C", str(repo), "status", "--porcelain"])),
+        "python": platform.python_version(),
+        "numpy": _package_version("numpy"),
+        "pandas": _package_version("pandas"),
+        "ovs": _command_output(["ovs-vsctl", "--version"]),
+        "mininet": _package_version("mininet"),
+        "ryu": _package_version("ryu"),
+        "kernel": platform.release(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "seed": spec.base.job.seed,
+    }
+
+
+def write_run_record(out_dir: str | Path, run: Run, status: str, start_s: float, end_s: float,
+                     error: str = "") -> Path:
+    """runs/<run_id>/run.json: the run (see Run.to_dict), epoch start/end, status, error."""
+    if status not in RUN_STATUSES:
+        raise ValueError(f"status: {status!r} is not allowed (one of {', '.join(RUN_STATUSES)})")
+    path = run_dir(out_dir, run.run_id) / "run.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {**run.to_dict(), "start_s": start_s, "end_s": end_s, "status": status, "error": error}
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    return path
+
+
+def read_run_record(out_dir: str | Path, run_id: str) -> dict[str, Any] | None:
+    path = run_dir(out_dir, run_id) / "run.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def completed_run_ids(out_dir: str | Path) -> set[str]:
+    """Runs recorded with status ok: what --resume skips."""
+    records = (read_run_record(out_dir, path.name) for path in (Path(out_dir) / "runs").glob("*"))
+    return {record["run_id"] for record in records if record and record["status"] == "ok"}
+
+
+# ------------------------------------------------------------------------------------ reading
+
+def _read_csv(path: Path, columns: list[str]) -> pd.DataFrame:
+    """A contract CSV with exactly its declared columns (extra ones dropped); empty if absent."""
+    if not path.exists():
+        return pd.DataFrame(columns=columns)
+    frame = pd.read_csv(path)
+    missing = [column for column in columns if column not in frame.columns]
+    if missing:
+        raise ValueError(f"{path}: missing columns {', '.join(missing)} (expected {', '.join(columns)})")
+    return frame[columns]
+
+
+def _process_dirs(run_path: Path) -> list[tuple[Path, re.Match]]:
+    matches = ((path, PROCESS_DIR.fullmatch(path.name)) for path in sorted(run_path.iterdir()))
+    return [(path, match) for path, match in matches if match and path.is_dir()]
+
+
+def _concat(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
+    frames = [frame for frame in frames if len(frame)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+
+
+def read_run(out_dir: str | Path, run_id: str) -> dict[str, pd.DataFrame]:
+    """One run's raw records: iterations, tensors, summaries (one row per process, with
+    host, role, rank), ports, port_rates, cpu."""
+    path = run_dir(out_dir, run_id)
+    processes = _process_dirs(path)
+    summaries = []
+    for process_path, match in processes:
+        summary_path = process_path / "summary.json"
+        if summary_path.exists():
+            fields = json.loads(summary_path.read_text())
+            summaries.append({"host": match["host"], "role": match["role"], "rank": int(match["rank"]),
+                              **{name: fields.get(name, math.nan) for name in SUMMARY_FIELDS}})
+    return {
+        "iterations": _concat([_read_csv(p / "iterations.csv", ITERATION_COLUMNS) for p, _ in processes],
+                              ITERATION_COLUMNS),
+        "tensors": _concat([_read_csv(p / "tensors.csv", TENSOR_COLUMNS) for p, _ in processes],
+                           TENSOR_COLUMNS),
+        "summaries": pd.DataFrame(summaries, columns=["host", "role", "rank", *SUMMARY_FIELDS]),
+        "ports": _read_csv(path / "ports.csv", PORT_COLUMNS),
+        "port_rates": _read_csv(path / "port_rates.csv", PORT_RATE_COLUMNS),
+        "cpu": _read_csv(path / "cpu.csv", CPU_COLUMNS),
+    }
+
+
+# -------------------------------------------------------------------------------- aggregation
+
+def _run_row(run: Run, status: str, records: dict[str, pd.DataFrame]) -> dict[str, Any]:
+    config = run.config
+    row = {"run_id": run.run_id, **run.axes, "rep": run.rep,
+           **{column: get_field(config, dotted) for column, dotted in CONFIG_COLUMNS.items()},
+           "workers": len(config.worker_hosts)}
+    if status != "ok":
+        return row  # a failed run's partial records would give misleading metrics
+    row.update(metrics.run_metrics(
+        records["iterations"], records["tensors"], records["summaries"], records["cpu"],
+        mode=config.job.mode, workers=len(config.worker_hosts), servers=len(config.server_hosts),
+        batch=config.job.batch, host_bw_mbps=config.topology.host_bw,
+        target_accuracy=config.job.target_accuracy))
+    return row
+
+
+def _with_run_id(frame: pd.DataFrame, run_id: str) -> pd.DataFrame:
+    return frame.assign(run_id=run_id)[["run_id", *frame.columns]]
+
+
+def aggregate(out_dir: str | Path) -> pd.DataFrame:
+    """Write OUT/runs.csv, iterations.csv, tensors.csv and links.csv from the runs recorded
+    so far (those with a run.json), in spec order; return the runs table."""
+    out = Path(out_dir)
+    spec = parse_spec(yaml.safe_load((out / "spec.yaml").read_text()))
+    axes = [axis.name for axis in spec.axes]
+    rows, iterations, tensors, links = [], [], [], []
+    for run in spec.runs:
+        record = read_run_record(out, run.run_id)
+        if record is None:
+            continue
+        records = read_run(out, run.run_id)
+        rows.append(_run_row(run, record["status"], records))
+        iterations.append(_with_run_id(records["iterations"], run.run_id))
+        tensors.append(_with_run_id(records["tensors"], run.run_id))
+        run_links = metrics.link_utilization(records["ports"], records["port_rates"])
+        links.append(_with_run_id(run_links, run.run_id))
+    runs = pd.DataFrame(rows, columns=runs_columns(axes))
+    baseline_axis, baseline_label = spec.baseline or (None, None)
+    runs["speedup_vs_baseline"] = metrics.speedup_vs_baseline(runs, axes, baseline_axis, baseline_label)
+    runs.to_csv(out / "runs.csv", index=False)
+    for name, frames, columns in (("iterations", iterations, ITERATION_COLUMNS),
+                                  ("tensors", tensors, TENSOR_COLUMNS),
+                                  ("links", links, metrics.LINK_COLUMNS)):
+        _concat(frames, ["run_id", *columns]).to_csv(out / f"{name}.csv", index=False)
+    return runs
+
+
+def read_tables(out_dir: str | Path) -> dict[str, pd.DataFrame]:
+    """The aggregated CSVs (runs, iterations, tensors, links), each with the mode and the
+    scheme (the run_id without rep and mode) of its run: what plots and summaries group by."""
+    out = Path(out_dir)
+    runs = pd.read_csv(out / "runs.csv", dtype={"fidelity_ok": "boolean"})
+    runs["scheme"] = runs["run_id"].map(scheme_of)
+    labels = runs[["run_id", "mode", "scheme"]]
+    tables = {"runs": runs}
+    for name in ("iterations", "tensors", "links"):
+        tables[name] = pd.read_csv(out / f"{name}.csv").merge(labels, on="run_id")
+    return tables

@@ -1,0 +1,599 @@
+"""Experiment specs: the declared schema, validation, `--set` overrides and matrix expansion.
+
+A spec is YAML. Its schema is the dataclasses below: each field's type annotation says what
+YAML value it takes and `spec_field` adds the default and the allowed range. `load_spec`
+checks everything (types, ranges, unknown keys, host names, links, placements of every run
+of the matrix) before any network state exists, and fails with one line naming the field:
+
+    spec error: topology.spines: -1 is not allowed (an integer >= 1)
+
+Matrix: each axis is a name with values; scalar values set one dotted field, mapping values
+are labelled sets of dotted-field overrides. The runs are the cartesian product of the axes
+times the repetitions, each with a stable run_id such as `scheme=spray,mode=ps,rep=1`.
+
+Node names, the contract with topologies/: hosts h1..hN numbered leaf by leaf (edge switch by
+edge switch); leaf-spine switches leaf1.., spine1..; fat-tree switches edge1.., agg1..,
+core1.. numbered pod by pod. A link is written `a-b` in either order.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import itertools
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import NoneType, UnionType
+from typing import Any, Callable, Literal, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+from experiments.metrics import METRIC_COLUMNS
+
+# Choices that grow with the testbed: later schedulers (layer, tictac, size) and transports
+# (mlt) are added here when their implementations land.
+LoadBalancing = Literal["ecmp", "spray", "single"]
+Scheduling = Literal["fifo"]
+Transport = Literal["tcp"]
+ModelName = Literal["mlp", "resnet50", "vgg16", "bert_base"]  # all but mlp are size profiles
+
+# runs.csv columns that echo a config field. An axis may share one of these names only when
+# it is the scalar axis over that very field (the column then shows the axis value).
+CONFIG_COLUMNS = {
+    "mode": "job.mode", "lb": "controller.lb", "sched": "controller.sched",
+    "transport": "job.transport", "loss_bound": "job.loss_bound", "iterations": "job.iterations",
+}
+RESERVED_COLUMNS = {"run_id", "rep", "workers", *METRIC_COLUMNS}
+LABEL_PATTERN = re.compile(r"[A-Za-z0-9_.+-]+")
+AXIS_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class SpecError(ValueError):
+    """A spec problem, as one line: `spec error: <dotted path>: <what is wrong>`."""
+
+    def __init__(self, path: str, problem: str):
+        super().__init__(f"spec error: {path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+def show(value: Any) -> str:
+    """A value as the user wrote it: strings quoted, the rest in YAML flow style."""
+    if isinstance(value, str):
+        return repr(value)
+    text = yaml.safe_dump(value, default_flow_style=True, width=float("inf"))
+    return text.removesuffix("\n").removesuffix("\n...").strip()
+
+
+def not_allowed(path: str, value: Any, allowed: str) -> SpecError:
+    return SpecError(path, f"{show(value)} is not allowed ({allowed})")
+
+
+def spec_field(default: Any = dataclasses.MISSING, allowed: str = "",
+               check: Callable[[Any], bool] = lambda value: True) -> Any:
+    """A schema field: default (none = required), what is allowed in words (a Literal
+    field's choices need none), and a check of the parsed value against it."""
+    metadata = {"allowed": allowed, "check": check}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def section(cls: type) -> Any:
+    """A nested section whose fields all default."""
+    return field(default_factory=cls)
+
+
+def _unique_names(value: Any) -> bool:
+    return isinstance(value, list) and len(value) > 0 and len(set(value)) == len(value)
+
+
+def _count_or_hosts(value: Any) -> bool:
+    return value >= 1 if isinstance(value, int) else _unique_names(value)
+
+
+# ---------------------------------------------------------------------------------------- schema
+
+@dataclass(frozen=True)
+class Topology:
+    kind: Literal["leafspine", "fattree"] = spec_field("leafspine")
+    spines: int = spec_field(2, "an integer >= 1", lambda n: n >= 1)
+    leaves: int = spec_field(2, "an integer >= 1", lambda n: n >= 1)
+    hosts_per_leaf: int = spec_field(2, "an integer >= 1", lambda n: n >= 1)
+    k: int = spec_field(4, "an even integer >= 2 (fattree only)", lambda n: n >= 2 and n % 2 == 0)
+    host_bw: float = spec_field(100.0, "a rate in Mbit/s > 0", lambda x: x > 0)
+    fabric_bw: float = spec_field(100.0, "a rate in Mbit/s > 0", lambda x: x > 0)
+
+
+@dataclass(frozen=True)
+class Controller:
+    lb: LoadBalancing = spec_field("ecmp")
+    sched: Scheduling = spec_field("fifo")
+    stats_interval_s: float = spec_field(1.0, "a period in seconds > 0", lambda x: x > 0)
+
+
+@dataclass(frozen=True)
+class Model:
+    name: ModelName = spec_field("mlp")
+    width: int = spec_field(64, "an integer >= 1 (mlp only)", lambda n: n >= 1)
+    depth: int = spec_field(2, "an integer >= 1 (mlp only)", lambda n: n >= 1)
+    scale: float = spec_field(0.01, "a fraction of the profile's tensor sizes in (0, 1]",
+                              lambda x: 0 < x <= 1)
+
+
+@dataclass(frozen=True)
+class Job:
+    mode: Literal["allreduce", "ps"] = spec_field("allreduce")
+    model: Model = section(Model)
+    workers: Literal["all"] | int | list[str] = spec_field(
+        "all", "'all' hosts but the servers, a count >= 1 or a list of distinct host names",
+        lambda v: v == "all" or _count_or_hosts(v))
+    servers: int | list[str] = spec_field(
+        1, "a count >= 1 or a list of distinct host names (ps only)", _count_or_hosts)
+    iterations: int = spec_field(40, "an integer >= 2", lambda n: n >= 2)
+    batch: int = spec_field(48, "an integer >= 1 (global batch, split evenly over the workers)", lambda n: n >= 1)
+    lr: float = spec_field(0.05, "a learning rate > 0", lambda x: x > 0)
+    seed: int = spec_field(0, "an integer >= 0", lambda n: n >= 0)
+    transport: Transport = spec_field("tcp")
+    loss_bound: float = spec_field(0.0, "a fraction in [0, 1]", lambda x: 0 <= x <= 1)
+    eval_every: int = spec_field(10, "an integer >= 0 (iterations; 0: only at the end)", lambda n: n >= 0)
+    target_accuracy: float = spec_field(0.9, "a fraction in (0, 1]", lambda x: 0 < x <= 1)
+
+
+@dataclass(frozen=True)
+class Flow:
+    """An iperf3 background flow; several sources make an incast into dst."""
+    src: str | list[str] = spec_field(allowed="a host name or a list of distinct host names (incast)",
+                                      check=lambda v: isinstance(v, str) or _unique_names(v))
+    dst: str = spec_field(allowed="a host name")
+    proto: Literal["tcp", "udp"] = spec_field("tcp")
+    rate_mbps: float = spec_field(0.0, "a rate in Mbit/s >= 0 (0: as fast as it goes)", lambda x: x >= 0)
+    start_s: float = spec_field(0.0, "seconds after the job starts, >= 0", lambda x: x >= 0)
+    duration_s: float = spec_field(10.0, "seconds > 0", lambda x: x > 0)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A link fault: down, random loss (nftables) or a rate cut, for duration_s from at_s."""
+    kind: Literal["link_down", "loss", "rate"] = spec_field()
+    link: str = spec_field(allowed="a link of the topology written a-b, e.g. h1-leaf1")
+    at_s: float = spec_field(allowed="seconds after the job starts, >= 0", check=lambda x: x >= 0)
+    duration_s: float = spec_field(allowed="seconds > 0", check=lambda x: x > 0)
+    loss_percent: float | None = spec_field(None, "a percentage in (0, 100], only with kind loss",
+                                            lambda x: x is None or 0 < x <= 100)
+    rate_mbps: float | None = spec_field(None, "a rate in Mbit/s > 0, only with kind rate",
+                                         lambda x: x is None or x > 0)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one run needs: the fabric, the controller, the job and the disturbances."""
+    topology: Topology = section(Topology)
+    controller: Controller = section(Controller)
+    job: Job = section(Job)
+    background: list[Flow] = spec_field([], "a list of flows")
+    faults: list[Fault] = spec_field([], "a list of faults")
+
+    @property
+    def hosts(self) -> list[str]:
+        return host_names(self.topology)
+
+    @property
+    def server_hosts(self) -> list[str]:
+        """Parameter-server shards' hosts (none in allreduce): a count takes the last hosts."""
+        servers = self.job.servers
+        if self.job.mode != "ps":
+            return []
+        return list(servers) if isinstance(servers, list) else self.hosts[-servers:]
+
+    @property
+    def worker_hosts(self) -> list[str]:
+        """Workers' hosts in rank order: a count takes the first hosts that are not servers."""
+        workers = self.job.workers
+        if isinstance(workers, list):
+            return list(workers)
+        free = [host for host in self.hosts if host not in self.server_hosts]
+        return free if workers == "all" else free[:workers]
+
+
+@dataclass(frozen=True)
+class Header:
+    """The top-level fields that are about the experiment rather than each run."""
+    name: str = spec_field("experiment", "a name of letters, digits and _.+-",
+                           lambda v: LABEL_PATTERN.fullmatch(v) is not None)
+    description: str = spec_field("", "text")
+    repetitions: int = spec_field(1, "an integer >= 1", lambda n: n >= 1)
+    matrix: dict = spec_field({}, "a mapping of axis names to axes")
+
+
+_HEADER_KEYS = tuple(f.name for f in dataclasses.fields(Header))
+_CONFIG_KEYS = tuple(f.name for f in dataclasses.fields(RunConfig))
+
+
+# ------------------------------------------------------------------------------ parsing by type
+
+def _parse(annotation: Any, raw: Any, path: str, allowed: str) -> Any:
+    """raw converted to the annotated type, or SpecError. Checks are the caller's."""
+    origin = get_origin(annotation)
+    if origin in (Union, UnionType):
+        for member in get_args(annotation):
+            try:
+                return _parse(member, raw, path, allowed)
+            except SpecError:
+                continue
+        raise not_allowed(path, raw, allowed)
+    if dataclasses.is_dataclass(annotation):
+        return build(annotation, raw, path)
+    if origin is list:
+        if not isinstance(raw, list):
+            raise not_allowed(path, raw, allowed)
+        (item,) = get_args(annotation)
+        return [_parse(item, value, f"{path}.{index}", allowed) for index, value in enumerate(raw)]
+    if origin is Literal:
+        if raw not in get_args(annotation) or isinstance(raw, bool):
+            raise not_allowed(path, raw, allowed)
+        return raw
+    if annotation is NoneType and raw is None:
+        return None
+    if annotation is float and isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        return float(raw)
+    if annotation in (int, str, dict) and isinstance(raw, annotation) and not isinstance(raw, bool):
+        return raw
+    raise not_allowed(path, raw, allowed)
+
+
+def _unknown_key(path: str, key: Any, known: list[str]) -> SpecError:
+    close = difflib.get_close_matches(str(key), known, n=1)
+    hint = f"did you mean {close[0]}?" if close else f"allowed: {', '.join(known)}"
+    return SpecError(_join(path, str(key)), f"unknown field ({hint})")
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def build(cls: type, raw: Any, path: str = "", also_known: tuple[str, ...] = ()) -> Any:
+    """An instance of schema dataclass cls from the raw YAML mapping (None = all defaults).
+
+    also_known: keys the caller handles itself, only to suggest them for typos.
+    """
+    known = [f.name for f in dataclasses.fields(cls)]
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise not_allowed(path or "spec", raw, f"a mapping with keys {', '.join(known)}")
+    for key in raw:
+        if key not in known:
+            raise _unknown_key(path, key, known + list(also_known))
+    hints = get_type_hints(cls)
+    values = {}
+    for declared in dataclasses.fields(cls):
+        field_path = _join(path, declared.name)
+        choices = get_args(hints[declared.name]) if get_origin(hints[declared.name]) is Literal else ()
+        allowed = declared.metadata.get("allowed") or f"one of {', '.join(choices)}"
+        if declared.name not in raw:
+            if declared.default is dataclasses.MISSING and declared.default_factory is dataclasses.MISSING:
+                raise SpecError(field_path, f"missing ({allowed})")
+            continue
+        value = _parse(hints[declared.name], raw[declared.name], field_path, allowed)
+        if not declared.metadata.get("check", bool)(value):
+            raise not_allowed(field_path, raw[declared.name], allowed)
+        values[declared.name] = value
+    return cls(**values)
+
+
+# ------------------------------------------------------------------------- topology node names
+
+def host_names(topology: Topology) -> list[str]:
+    return [f"h{i}" for i in range(1, _host_count(topology) + 1)]
+
+
+def _host_count(topology: Topology) -> int:
+    if topology.kind == "fattree":
+        return topology.k ** 3 // 4
+    return topology.leaves * topology.hosts_per_leaf
+
+
+def topology_links(topology: Topology) -> set[frozenset[str]]:
+    """Every link of the fabric as the unordered pair of its end nodes' names."""
+    links = set()
+    if topology.kind == "leafspine":
+        for leaf in range(topology.leaves):
+            for spine in range(topology.spines):
+                links.add(frozenset({f"leaf{leaf + 1}", f"spine{spine + 1}"}))
+            for slot in range(topology.hosts_per_leaf):
+                links.add(frozenset({f"h{leaf * topology.hosts_per_leaf + slot + 1}", f"leaf{leaf + 1}"}))
+        return links
+    half = topology.k // 2
+    for pod in range(topology.k):
+        for edge_slot in range(half):
+            edge = pod * half + edge_slot
+            for slot in range(half):
+                links.add(frozenset({f"h{edge * half + slot + 1}", f"edge{edge + 1}"}))
+            for agg_slot in range(half):
+                links.add(frozenset({f"edge{edge + 1}", f"agg{pod * half + agg_slot + 1}"}))
+        for agg_slot in range(half):
+            for core_slot in range(half):
+                links.add(frozenset({f"agg{pod * half + agg_slot + 1}", f"core{agg_slot * half + core_slot + 1}"}))
+    return links
+
+
+# ------------------------------------------------------------------------- cross-field checks
+
+def check_config(config: RunConfig) -> None:
+    """The rules that span fields: hosts exist, placements fit, faults name real links."""
+    hosts = config.hosts
+    job = config.job
+    for name in ("workers", "servers"):
+        value = getattr(job, name)
+        if isinstance(value, list):
+            for index, host in enumerate(value):
+                if host not in hosts:
+                    raise not_allowed(f"job.{name}.{index}", host, f"a host of h1..h{len(hosts)}")
+        elif isinstance(value, int) and value > len(hosts):
+            raise not_allowed(f"job.{name}", value, f"at most the {len(hosts)} hosts of the topology")
+    servers = config.server_hosts
+    if job.mode == "ps" and len(servers) >= len(hosts):
+        raise not_allowed("job.servers", job.servers, f"fewer than the {len(hosts)} hosts, workers need one")
+    shared = sorted(set(servers) & set(job.workers if isinstance(job.workers, list) else []))
+    if shared:
+        raise not_allowed("job.workers", job.workers, f"hosts apart from the servers {', '.join(servers)}")
+    if isinstance(job.workers, int) and job.workers + len(servers) > len(hosts):
+        raise not_allowed("job.workers", job.workers, f"at most {len(hosts) - len(servers)}: "
+                          f"{len(hosts)} hosts, {len(servers)} of them servers")
+    workers = len(config.worker_hosts)
+    if job.batch % workers:
+        raise not_allowed("job.batch", job.batch, f"a multiple of the {workers} workers, the global batch "
+                          "splits evenly over them")
+    topology = config.topology
+    if topology.kind == "fattree" and topology.fabric_bw != topology.host_bw:
+        raise not_allowed("topology.fabric_bw", topology.fabric_bw,
+                          f"the host_bw {topology.host_bw:g}: all links of a fat-tree have one rate")
+    for index, flow in enumerate(config.background):
+        sources = [flow.src] if isinstance(flow.src, str) else flow.src
+        ends = [("src", flow.src)] if isinstance(flow.src, str) else [
+            (f"src.{i}", host) for i, host in enumerate(flow.src)]
+        for end, name in ends + [("dst", flow.dst)]:
+            if name not in hosts:
+                raise not_allowed(f"background.{index}.{end}", name, f"a host of h1..h{len(hosts)}")
+        if flow.dst in sources:
+            raise not_allowed(f"background.{index}.dst", flow.dst, "a host other than the sources")
+    links = topology_links(config.topology)
+    for index, fault in enumerate(config.faults):
+        path = f"faults.{index}"
+        if frozenset(fault.link.split("-", 1)) not in links or fault.link.count("-") != 1:
+            example = "-".join(sorted(next(iter(sorted(links, key=sorted)))))
+            raise not_allowed(f"{path}.link", fault.link, f"a link of the topology written a-b, e.g. {example}")
+        for name, kind in (("loss_percent", "loss"), ("rate_mbps", "rate")):
+            given = getattr(fault, name) is not None
+            if given and fault.kind != kind:
+                raise not_allowed(f"{path}.{name}", getattr(fault, name), f"only with kind {kind}")
+            if not given and fault.kind == kind:
+                allowed = next(f for f in dataclasses.fields(Fault) if f.name == name).metadata["allowed"]
+                raise SpecError(f"{path}.{name}", f"missing ({allowed})")
+
+
+def get_field(config: Any, dotted: str) -> Any:
+    """config.a.b for dotted key 'a.b'."""
+    for part in dotted.split("."):
+        config = getattr(config, part)
+    return config
+
+
+# ----------------------------------------------------------------------------------- overrides
+
+def set_dotted(document: dict, key: str, value: Any) -> None:
+    """Set a dotted field of a raw spec document in place. A mapping value merges into a
+    mapping field (its keys may be dotted too); any other value replaces the field."""
+    parts = key.split(".")
+    if not all(parts):
+        raise not_allowed(key, value, "a dotted field name such as topology.spines")
+    node = document
+    for depth, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            path = ".".join(parts[:depth + 1])
+            raise SpecError(path, f"{show(child)} has no fields, so {key} cannot be set")
+        node = child
+    last = parts[-1]
+    if isinstance(value, dict) and isinstance(node.get(last), dict):
+        for sub_key, sub_value in value.items():
+            set_dotted(node[last], str(sub_key), sub_value)
+    else:
+        node[last] = copy.deepcopy(value)
+
+
+def apply_sets(document: dict, assignments: list[str]) -> None:
+    """Apply command-line `key=value` overrides (value parsed as YAML) to a raw document."""
+    for assignment in assignments:
+        key, separator, text = assignment.partition("=")
+        if not separator or not key:
+            raise SpecError(f"--set {assignment}", "expected key=value, e.g. topology.spines=4")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            raise not_allowed(key, text, f"a YAML value: {str(error).splitlines()[0]}") from None
+        set_dotted(document, key.strip(), value)
+
+
+# -------------------------------------------------------------------------------------- matrix
+
+@dataclass(frozen=True)
+class Axis:
+    """One matrix axis: labelled override sets (dotted field -> value), in spec order."""
+    name: str
+    values: dict[str, dict[str, Any]]
+    baseline: str | None = None
+
+
+def _parse_axis(name: Any, raw: Any) -> Axis:
+    path = f"matrix.{name}"
+    if not isinstance(name, str) or not AXIS_NAME_PATTERN.fullmatch(name):
+        raise not_allowed("matrix", name, "axis names of letters, digits and _, not starting with a digit")
+    known = ["field", "values", "baseline"]
+    if not isinstance(raw, dict):
+        raise not_allowed(path, raw, "a mapping with values and optionally field and baseline")
+    for key in raw:
+        if key not in known:
+            raise _unknown_key(path, key, known)
+    raw_values = raw.get("values")
+    if isinstance(raw_values, list) and raw_values:
+        field_name = raw.get("field")
+        if not isinstance(field_name, str):
+            raise not_allowed(f"{path}.field", field_name, "the dotted field the scalar values set")
+        values = {}
+        for index, value in enumerate(raw_values):
+            if isinstance(value, (dict, list)) or value is None:
+                raise not_allowed(f"{path}.values.{index}", value, f"a scalar for {field_name}")
+            values[value if isinstance(value, str) else show(value)] = {field_name: value}
+        if len(values) < len(raw_values):
+            raise not_allowed(f"{path}.values", raw_values, "distinct values")
+    elif isinstance(raw_values, dict) and raw_values:
+        if "field" in raw:
+            raise not_allowed(f"{path}.field", raw["field"], "only with a list of scalar values")
+        values = {}
+        for label, overrides in raw_values.items():
+            if overrides is not None and not isinstance(overrides, dict):
+                raise not_allowed(f"{path}.values.{label}", overrides,
+                                  "a mapping of dotted fields to values, e.g. {controller.lb: spray}")
+            values[str(label)] = overrides or {}
+    else:
+        raise not_allowed(f"{path}.values", raw_values,
+                          "a non-empty list of scalars (with field) or mapping of labels to overrides")
+    for label, overrides in values.items():
+        if not LABEL_PATTERN.fullmatch(label):
+            raise not_allowed(f"{path}.values", label, "labels of letters, digits and _.+-")
+        for key in overrides:
+            if str(key).split(".")[0] in _HEADER_KEYS:
+                raise not_allowed(f"{path}.values.{label}", key, "fields of " + ", ".join(_CONFIG_KEYS))
+    baseline = raw.get("baseline")
+    if baseline is not None and str(baseline) not in values:
+        raise not_allowed(f"{path}.baseline", baseline, f"one of {', '.join(values)}")
+    if name in RESERVED_COLUMNS or (name in CONFIG_COLUMNS and raw.get("field") != CONFIG_COLUMNS[name]):
+        raise not_allowed("matrix", name, "an axis name that is not a runs.csv column, unless it "
+                          f"is the scalar axis over that column's field ({CONFIG_COLUMNS.get(name, '-')})")
+    return Axis(name, values, None if baseline is None else str(baseline))
+
+
+# ---------------------------------------------------------------------------------- spec, runs
+
+@dataclass(frozen=True)
+class Run:
+    """One run of the experiment: a point of the matrix and a repetition."""
+    run_id: str          # e.g. "scheme=spray,mode=ps,rep=1": axis=label parts, then rep
+    index: int           # 0-based position in the run order
+    rep: int             # 1-based repetition
+    axes: dict[str, str]  # axis name -> value label, in axis order
+    config: RunConfig    # fully resolved: base spec + --set + this point's overrides
+
+    @property
+    def topology(self) -> Topology:
+        return self.config.topology
+
+    @property
+    def controller(self) -> Controller:
+        return self.config.controller
+
+    @property
+    def job(self) -> Job:
+        return self.config.job
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: run_id, index, rep, axes, config, and the resolved host placement."""
+        return {
+            "run_id": self.run_id, "index": self.index, "rep": self.rep, "axes": dict(self.axes),
+            "config": dataclasses.asdict(self.config),
+            "worker_hosts": self.config.worker_hosts, "server_hosts": self.config.server_hosts,
+        }
+
+
+@dataclass(frozen=True)
+class Spec:
+    header: Header
+    base: RunConfig      # the spec without the matrix (after --set)
+    axes: list[Axis]
+    runs: list[Run]
+
+    @property
+    def name(self) -> str:
+        return self.header.name
+
+    @property
+    def baseline(self) -> tuple[str, str] | None:
+        """(axis name, label) that speedups are measured against, if an axis marks one."""
+        return next(((axis.name, axis.baseline) for axis in self.axes if axis.baseline), None)
+
+    def resolved_document(self) -> dict[str, Any]:
+        """The spec with every default filled in; parse_spec of it gives the same runs."""
+        return {
+            "name": self.header.name, "description": self.header.description,
+            **dataclasses.asdict(self.base),
+            "repetitions": self.header.repetitions, "matrix": copy.deepcopy(self.header.matrix),
+        }
+
+
+def run_id(axes: dict[str, str], rep: int) -> str:
+    return ",".join([f"{axis}={label}" for axis, label in axes.items()] + [f"rep={rep}"])
+
+
+def scheme_of(run_id: str) -> str:
+    """A run_id without its rep and mode parts: the configuration compared within a mode."""
+    parts = [part for part in run_id.split(",") if part.split("=")[0] not in ("rep", "mode")]
+    return ",".join(parts) or "base"
+
+
+def _resolve(document: dict) -> RunConfig:
+    config_document = {key: value for key, value in document.items() if key not in _HEADER_KEYS}
+    config = build(RunConfig, config_document, also_known=_HEADER_KEYS)
+    check_config(config)
+    return config
+
+
+
+def parse_spec(document: Any, sets: list[str] = ()) -> Spec:
+    """Validate a raw spec document (plus --set overrides) and expand its runs."""
+    if not isinstance(document, dict):
+        raise not_allowed("spec", document, "a YAML mapping with topology, controller, job, ...")
+    document = copy.deepcopy(document)
+    apply_sets(document, list(sets))
+    header = build(Header, {key: document[key] for key in _HEADER_KEYS if key in document})
+    base = _resolve(document)
+    axes = [_parse_axis(name, raw) for name, raw in header.matrix.items()]
+    if sum(axis.baseline is not None for axis in axes) > 1:
+        raise not_allowed("matrix", [axis.name for axis in axes if axis.baseline], "a baseline on one axis at most")
+    points = itertools.product(*[list(axis.values) for axis in axes])
+    resolved = []
+    for labels in points:
+        point = dict(zip([axis.name for axis in axes], labels))
+        point_document = copy.deepcopy(document)
+        for axis in axes:
+            for key, value in axis.values[point[axis.name]].items():
+                set_dotted(point_document, str(key), value)
+        try:
+            resolved.append((point, _resolve(point_document)))
+        except SpecError as error:
+            point_name = ",".join(f"{axis}={label}" for axis, label in point.items())
+            raise SpecError(error.path, f"{error.problem} (in run {point_name})") from None
+    # Repetitions outermost: each scheme is measured once before any is measured again,
+    # so slow drift of the host affects every scheme alike. Seeds differ per repetition
+    # and are equal across schemes, making repetitions paired comparisons.
+    runs = []
+    for rep in range(1, header.repetitions + 1):
+        for point, config in resolved:
+            job = dataclasses.replace(config.job, seed=config.job.seed + rep - 1)
+            runs.append(Run(run_id(point, rep), len(runs), rep, point, dataclasses.replace(config, job=job)))
+    return Spec(header, base, axes, runs)
+
+
+def load_spec(path: str | Path, sets: list[str] = ()) -> Spec:
+    """Read, validate and expand a YAML spec file."""
+    try:
+        document = yaml.safe_load(Path(path).read_text())
+    except OSError as error:
+        raise SpecError(str(path), f"cannot be read ({error.strerror})") from None
+    except yaml.YAMLError as error:
+        raise SpecError(str(path), f"is not valid YAML ({' '.join(str(error).split())})") from None
+    return parse_spec(document, sets)

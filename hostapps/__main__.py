@@ -1,0 +1,37 @@
+"""Command line: `python -m hostapps worker|server --rank R --workers ... [--servers ...] ...`.
+
+Exit status: 0 on success, 2 on bad input, 1 when the run fails (a peer died,
+never connected, sent garbage or timed out); errors are one 'error: ...' line.
+"""
+import os
+import sys
+
+from hostapps.codec import FrameError
+from hostapps.config import ConfigError, config_from_args
+from hostapps.server import run_server
+from hostapps.transport import TransportError
+from hostapps.worker import run_worker
+
+
+def main(argv: list[str]) -> int:
+    try:
+        cfg = config_from_args(argv)
+        summary = (run_worker if cfg.role == "worker" else run_server)(cfg)
+    except ConfigError as e:
+        print("error: %s" % e, file=sys.stderr, flush=True)
+        return 2
+    except (TransportError, FrameError, TimeoutError, OSError) as e:
+        print("error: %s%d: %s" % (cfg.role, cfg.rank, e), file=sys.stderr, flush=True)
+        return 1
+    accuracy = summary["final_accuracy"]
+    print("%s%d: done, %d iterations in %.2f s%s" % (
+        cfg.role, cfg.rank, cfg.iterations, summary["wall_time_s"],
+        "" if accuracy is None else ", test accuracy %.4f" % accuracy), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    status = main(sys.argv[1:])
+    sys.stdout.flush()
+    # Daemon threads may still sit in blocking calls after a failure: leave without waiting for them.
+    os._exit(status)

@@ -1,0 +1,89 @@
+"""Collectives over a Transport: ring all-reduce, fusion buckets and parameter-server shards."""
+from typing import Sequence
+
+import numpy as np
+
+from hostapps.transport import MessageKey, Peer, Transport
+
+# Message steps of the parameter server: gradients go up, parameters come back.
+PS_PUSH = 0
+PS_PULL = 1
+
+# Fusion thresholds in bytes: Horovod's HOROVOD_FUSION_THRESHOLD default (64 MB)
+# and PyTorch DDP's bucket_cap_mb default (25 MiB); "none" sends each layer alone.
+FUSION_PRESETS = {"none": 0, "horovod": 64 * 1024 * 1024, "ddp": 25 * 1024 * 1024}
+
+
+def chunk_bounds(size: int, parts: int) -> list[tuple[int, int]]:
+    """Split range(size) into `parts` contiguous chunks whose sizes differ by at most one."""
+    base, extra = divmod(size, parts)
+    bounds, start = [], 0
+    for i in range(parts):
+        stop = start + base + (1 if i < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def ring_allreduce(transport: Transport, left: Peer, right: Peer, rank: int, world: int,
+                   iteration: int, tensor: int, flat: np.ndarray, scratch: np.ndarray) -> None:
+    """Replace `flat` in place by its mean over the ring: reduce-scatter, then all-gather.
+
+    Each of the 2(world-1) steps sends one of `world` chunks to the right
+    neighbour and receives one from the left, so every rank sends and receives
+    2(world-1)/world of the tensor.  `scratch` holds at least one chunk.
+    """
+    if world == 1:
+        return
+    bounds = chunk_bounds(flat.size, world)
+    for step in range(world - 1):
+        send_lo, send_hi = bounds[(rank - step) % world]
+        recv_lo, recv_hi = bounds[(rank - step - 1) % world]
+        key = MessageKey(iteration, tensor, step)
+        transport.send(right, key, flat[send_lo:send_hi])
+        incoming = scratch[:recv_hi - recv_lo]
+        transport.recv(left, key, out=incoming)
+        flat[recv_lo:recv_hi] += incoming
+    own_lo, own_hi = bounds[(rank + 1) % world]
+    flat[own_lo:own_hi] *= np.float32(1.0 / world)
+    for step in range(world - 1):
+        send_lo, send_hi = bounds[(rank + 1 - step) % world]
+        recv_lo, recv_hi = bounds[(rank - step) % world]
+        key = MessageKey(iteration, tensor, world - 1 + step)
+        transport.send(right, key, flat[send_lo:send_hi])
+        transport.recv(left, key, out=flat[recv_lo:recv_hi])
+
+
+def ring_neighbours(rank: int, world: int) -> tuple[Peer, Peer]:
+    """(left, right) workers of `rank` on the ring."""
+    return Peer("worker", (rank - 1) % world), Peer("worker", (rank + 1) % world)
+
+
+def make_buckets(layer_bytes: Sequence[int], threshold: int) -> list[tuple[int, ...]]:
+    """Group layers in backward order (last first) into buckets of at least `threshold` bytes.
+
+    Like DDP's buckets, a bucket closes as soon as it reaches the threshold;
+    threshold 0 gives one bucket per layer.  Layers in a bucket are adjacent,
+    so a bucket is one contiguous slice of the flat gradient buffer.
+    """
+    buckets, current, current_bytes = [], [], 0
+    for layer in reversed(range(len(layer_bytes))):
+        current.append(layer)
+        current_bytes += layer_bytes[layer]
+        if current_bytes >= threshold:
+            buckets.append(tuple(current))
+            current, current_bytes = [], 0
+    if current:
+        buckets.append(tuple(current))
+    return buckets
+
+
+def assign_shards(sizes: Sequence[int], shards: int) -> list[int]:
+    """Shard of each tensor, balancing bytes: largest tensor first onto the least-loaded shard."""
+    load = [0] * shards
+    owner = [0] * len(sizes)
+    for tensor in sorted(range(len(sizes)), key=lambda t: (-sizes[t], t)):
+        shard = min(range(shards), key=lambda s: (load[s], s))
+        owner[tensor] = shard
+        load[shard] += sizes[tensor]
+    return owner

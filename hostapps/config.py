@@ -1,0 +1,180 @@
+"""Run configuration: one dataclass for the CLI, the tests and the runner, and its validation."""
+import argparse
+from dataclasses import dataclass, field
+
+from hostapps.collectives import FUSION_PRESETS
+from hostapps.model import FlatModel, Network
+from hostapps.policies import POLICIES
+from hostapps.profiles import PROFILES, ProfileModel
+from hostapps.transport import Address
+
+MODES = ("allreduce", "ps")
+MODELS = ("mlp",)
+TRANSPORTS = ("tcp",)
+ROLES = ("worker", "server")
+
+
+class ConfigError(ValueError):
+    """Bad input, reported as 'error: --ARG: message'."""
+
+    def __init__(self, argument: str, message: str):
+        super().__init__("%s: %s" % (argument, message))
+
+
+@dataclass
+class RunConfig:
+    role: str
+    rank: int
+    workers: list[Address]
+    servers: list[Address] = field(default_factory=list)
+    mode: str = "allreduce"
+    model: str = "mlp"
+    width: int = 128
+    depth: int = 2
+    conv: int = 0           # channels of a leading 3x3 conv layer; 0 for none
+    profile: str | None = None
+    scale: float = 0.01     # profile tensor sizes are scaled by this
+    link_mbps: float = 100.0
+    iterations: int = 300
+    batch: int = 64         # global batch, split evenly over the workers
+    lr: float = 0.1
+    momentum: float = 0.0
+    seed: int = 0
+    transport: str = "tcp"
+    timeout: float = 30.0
+    eval_every: int = 50
+    out: str | None = None
+    fusion: str = "none"    # a FUSION_PRESETS name or a byte count
+    policy: str = "ready"
+    job: int = 0
+
+    @property
+    def world(self) -> int:
+        return len(self.workers)
+
+    @property
+    def fusion_bytes(self) -> int:
+        return FUSION_PRESETS[self.fusion] if self.fusion in FUSION_PRESETS else int(self.fusion)
+
+    def validate(self) -> None:
+        def allowed(argument: str, what: str, value: str, choices) -> None:
+            if value not in choices:
+                raise ConfigError(argument, "unknown %s '%s' (allowed: %s)" % (what, value, ", ".join(sorted(choices))))
+
+        allowed("role", "role", self.role, ROLES)
+        allowed("--mode", "mode", self.mode, MODES)
+        allowed("--model", "model", self.model, MODELS)
+        if self.profile is not None:
+            allowed("--profile", "profile", self.profile, PROFILES)
+        allowed("--transport", "transport", self.transport, TRANSPORTS)
+        allowed("--policy", "policy", self.policy, POLICIES)
+        if self.fusion not in FUSION_PRESETS and not (self.fusion.isdigit()):
+            raise ConfigError("--fusion", "'%s' is neither a byte count nor a preset (%s)" % (
+                self.fusion, ", ".join(FUSION_PRESETS)))
+        if not self.workers:
+            raise ConfigError("--workers", "no worker addresses")
+        if self.mode == "ps" and not self.servers:
+            raise ConfigError("--servers", "mode ps needs at least one server address")
+        if self.mode == "allreduce" and self.servers:
+            raise ConfigError("--servers", "allreduce mode has no servers, but %d were given" % len(self.servers))
+        peers = self.workers if self.role == "worker" else self.servers
+        if not 0 <= self.rank < len(peers):
+            raise ConfigError("--rank", "%d is out of range for %d %ss" % (self.rank, len(peers), self.role))
+        if len(set(self.workers + self.servers)) != len(self.workers) + len(self.servers):
+            raise ConfigError("--workers", "the same address appears twice in --workers/--servers")
+        for name in ("width", "depth", "iterations", "batch"):
+            if getattr(self, name) < 1:
+                raise ConfigError("--" + name, "must be at least 1, got %d" % getattr(self, name))
+        if self.conv < 0:
+            raise ConfigError("--conv", "must be 0 (no conv layer) or a channel count, got %d" % self.conv)
+        if self.batch < self.world:
+            raise ConfigError("--batch", "global batch %d leaves workers with no data (%d workers)" % (
+                self.batch, self.world))
+        if self.batch % self.world:
+            raise ConfigError("--batch", "global batch %d does not split evenly over %d workers" % (
+                self.batch, self.world))
+        if self.timeout <= 0 or self.lr <= 0 or self.scale <= 0 or self.link_mbps <= 0:
+            raise ConfigError("--timeout" if self.timeout <= 0 else "--lr" if self.lr <= 0 else
+                              "--scale" if self.scale <= 0 else "--link-mbps", "must be positive")
+        if not 0 <= self.momentum < 1:
+            raise ConfigError("--momentum", "must be in [0, 1), got %g" % self.momentum)
+
+
+def parse_addresses(argument: str, text: str) -> list[Address]:
+    addresses = []
+    for item in filter(None, text.split(",")):
+        host, _, port = item.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(argument, "bad address '%s' (expected host:port)" % item)
+        addresses.append((host, int(port)))
+    return addresses
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports bad input as one 'error: ...' line and exit status 2."""
+
+    def error(self, message: str) -> None:
+        self.exit(2, "error: %s\n" % message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="python -m hostapps",
+                           description="Data-parallel training host app (worker or parameter server).")
+    parser.add_argument("role", help="worker or server")
+    parser.add_argument("--rank", type=int, required=True, help="index of this process in --workers or --servers")
+    parser.add_argument("--workers", required=True, help="comma-separated host:port of every worker, by rank")
+    parser.add_argument("--servers", default="", help="comma-separated host:port of every PS shard (ps mode)")
+    parser.add_argument("--world-size", type=int, help="number of workers; checked against --workers")
+    parser.add_argument("--shards", type=int, help="number of PS shards; checked against --servers")
+    parser.add_argument("--mode", default="allreduce", help="allreduce or ps")
+    parser.add_argument("--model", default="mlp", help="mlp (trained on the digits)")
+    parser.add_argument("--width", type=int, default=128, help="hidden units per dense layer")
+    parser.add_argument("--depth", type=int, default=2, help="hidden dense layers")
+    parser.add_argument("--conv", type=int, default=0, help="channels of a leading 3x3 conv layer (0: none)")
+    parser.add_argument("--profile", help="replay a real DNN instead: resnet50, vgg16 or bert_base")
+    parser.add_argument("--scale", type=float, default=0.01, help="profile tensor size factor")
+    parser.add_argument("--link-mbps", type=float, default=100.0, help="emulated host link rate (profile timing)")
+    parser.add_argument("--iterations", type=int, default=300)
+    parser.add_argument("--batch", type=int, default=64, help="global batch, split over the workers")
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--momentum", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--transport", default="tcp", help="tcp")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds before a silent peer is an error")
+    parser.add_argument("--eval-every", type=int, default=50, help="test accuracy every N iterations (0: at the end)")
+    parser.add_argument("--out", help="directory for iterations.csv, tensors.csv, trace.json, summary.json")
+    parser.add_argument("--fusion", default="none", help="allreduce bucket bytes or preset: none, horovod, ddp")
+    parser.add_argument("--policy", default="ready", help="gradient/parameter send order: %s" % ", ".join(POLICIES))
+    parser.add_argument("--job", type=int, default=0, help="job id carried in every frame")
+    return parser
+
+
+def config_from_args(argv: list[str]) -> RunConfig:
+    """Parse and validate a command line; raise ConfigError naming the bad argument."""
+    args = build_parser().parse_args(argv)
+    cfg = RunConfig(role=args.role, rank=args.rank, workers=parse_addresses("--workers", args.workers),
+                    servers=parse_addresses("--servers", args.servers), mode=args.mode, model=args.model,
+                    width=args.width, depth=args.depth, conv=args.conv, profile=args.profile, scale=args.scale,
+                    link_mbps=args.link_mbps, iterations=args.iterations, batch=args.batch, lr=args.lr,
+                    momentum=args.momentum, seed=args.seed, transport=args.transport, timeout=args.timeout,
+                    eval_every=args.eval_every, out=args.out, fusion=args.fusion, policy=args.policy, job=args.job)
+    if args.world_size is not None and args.world_size != cfg.world:
+        raise ConfigError("--world-size", "%d does not match the %d addresses in --workers" % (
+            args.world_size, cfg.world))
+    if args.shards is not None and args.shards != len(cfg.servers):
+        raise ConfigError("--shards", "%d does not match the %d addresses in --servers" % (
+            args.shards, len(cfg.servers)))
+    cfg.validate()
+    return cfg
+
+
+def build_model(cfg: RunConfig) -> FlatModel:
+    """The model a run names, initialised from the seed: identical in every process of the job."""
+    if cfg.profile is not None:
+        model: FlatModel = ProfileModel(PROFILES[cfg.profile](), cfg.scale, cfg.link_mbps)
+    else:
+        model = Network(cfg.width, cfg.depth, cfg.conv, cfg.seed)
+    if cfg.mode == "ps" and len(cfg.servers) > len(model.layers):
+        raise ConfigError("--servers", "%d shards but the model has only %d tensors, so shard %d would hold no data"
+                          % (len(cfg.servers), len(model.layers), len(model.layers)))
+    return model

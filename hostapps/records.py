@@ -1,0 +1,108 @@
+"""What each process writes into --out: iterations.csv, tensors.csv, trace.json, summary.json.
+
+Byte counts are tensor payload bytes (frame headers, codec.HEADER.size bytes each, are not counted)
+and are attributed to the iteration named in the message.
+"""
+import csv
+import json
+import os
+import threading
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from typing import Iterator
+
+from hostapps.transport import Peer
+
+ITERATION_COLUMNS = ("job", "role", "rank", "iteration", "start_s", "end_s", "compute_s", "wait_s",
+                     "bytes_sent", "bytes_recv", "loss", "test_accuracy")
+TENSOR_COLUMNS = ("job", "role", "rank", "iteration", "tensor", "layer", "bytes", "direction", "peer",
+                  "start_s", "end_s", "delivered_fraction")
+
+
+class Recorder:
+    """Collects iteration rows, per-message tensor rows and trace spans of one process."""
+
+    def __init__(self, job: int, role: str, rank: int):
+        self.job, self.role, self.rank = job, role, rank
+        self.iterations: list[dict] = []
+        self.messages: list[tuple] = []
+        self.spans: list[tuple[str, str, float, float, str]] = []
+        self._lock = threading.Lock()
+
+    def log_message(self, iteration: int, tensor: int, step: int, nbytes: int, direction: str,
+                    peer: Peer, start_s: float, end_s: float, delivered_fraction: float) -> None:
+        """The transport's TensorLog: called from sender and receiver threads."""
+        with self._lock:
+            self.messages.append((iteration, tensor, step, nbytes, direction, str(peer),
+                                  start_s, end_s, delivered_fraction))
+
+    @contextmanager
+    def span(self, name: str, category: str) -> Iterator[None]:
+        start = time.time()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.spans.append((name, category, start, time.time(), threading.current_thread().name))
+
+    def add_iteration(self, iteration: int, start_s: float, end_s: float, wait_s: float,
+                      loss: float | None, test_accuracy: float | None) -> None:
+        self.iterations.append(dict(iteration=iteration, start_s=start_s, end_s=end_s,
+                                    compute_s=max(0.0, end_s - start_s - wait_s), wait_s=wait_s,
+                                    loss=loss, test_accuracy=test_accuracy))
+
+    def bytes_by_iteration(self) -> dict[tuple[int, str], int]:
+        total: dict[tuple[int, str], int] = defaultdict(int)
+        for iteration, _, _, nbytes, direction, *_ in self.messages:
+            total[(iteration, direction)] += nbytes
+        return total
+
+    def write(self, out_dir: str, tensor_names: dict[int, tuple[str, str]], summary: dict) -> None:
+        """tensor_names maps a tensor id to (tensor name, layer indices joined by '+')."""
+        os.makedirs(out_dir, exist_ok=True)
+        ident = dict(job=self.job, role=self.role, rank=self.rank)
+        nbytes = self.bytes_by_iteration()
+        with open(os.path.join(out_dir, "iterations.csv"), "w", newline="") as f:
+            writer = csv.DictWriter(f, ITERATION_COLUMNS)
+            writer.writeheader()
+            for row in self.iterations:
+                writer.writerow({**ident, **row, "start_s": "%.6f" % row["start_s"], "end_s": "%.6f" % row["end_s"],
+                                 "compute_s": "%.6f" % row["compute_s"], "wait_s": "%.6f" % row["wait_s"],
+                                 "bytes_sent": nbytes[(row["iteration"], "send")],
+                                 "bytes_recv": nbytes[(row["iteration"], "recv")],
+                                 "loss": "" if row["loss"] is None else "%.6f" % row["loss"],
+                                 "test_accuracy": "" if row["test_accuracy"] is None else "%.4f" % row["test_accuracy"]})
+        with open(os.path.join(out_dir, "tensors.csv"), "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(TENSOR_COLUMNS)
+            for iteration, tensor, _, size, direction, peer, start, end, fraction in self.messages:
+                name, layer = tensor_names[tensor]
+                writer.writerow([self.job, self.role, self.rank, iteration, name, layer, size, direction, peer,
+                                 "%.6f" % start, "%.6f" % end, "%.4f" % fraction])
+        with open(os.path.join(out_dir, "trace.json"), "w") as f:
+            json.dump(self.chrome_trace(tensor_names), f)
+        with open(os.path.join(out_dir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+
+    def chrome_trace(self, tensor_names: dict[int, tuple[str, str]]) -> dict:
+        """Chrome trace-event format (chrome://tracing, Perfetto): complete events in microseconds."""
+        pid = "%s%d" % (self.role, self.rank)
+        events = [dict(name=name, cat=category, ph="X", ts=start * 1e6, dur=(end - start) * 1e6, pid=pid, tid=thread)
+                  for name, category, start, end, thread in self.spans]
+        events += [dict(name="%s %s" % (tensor_names[tensor][0], direction), cat="comm", ph="X", ts=start * 1e6,
+                        dur=(end - start) * 1e6, pid=pid, tid="%s %s" % (direction, peer),
+                        args=dict(iteration=iteration, step=step, bytes=size, delivered_fraction=fraction))
+                   for iteration, tensor, step, size, direction, peer, start, end, fraction in self.messages]
+        return dict(traceEvents=events, displayTimeUnit="ms")
+
+
+def comm_busy_s(messages: list[tuple], iteration: int) -> float:
+    """Length of the union of an iteration's message spans: the time communication was active."""
+    spans = sorted((m[6], m[7]) for m in messages if m[0] == iteration)
+    busy, reach = 0.0, float("-inf")
+    for start, end in spans:
+        if end > reach:
+            busy += end - max(start, reach)
+            reach = end
+    return busy

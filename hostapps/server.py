@@ -1,0 +1,109 @@
+"""A parameter-server shard: averages the workers' gradients of its tensors, steps SGD, returns parameters.
+
+Synchronous: iteration t of a tensor completes when every worker has pushed
+its gradient.  Gradients are taken in arrival order (wait_any), and each
+tensor is queued for return to every worker as soon as it is updated; one
+send thread per worker picks the order with the --policy.
+"""
+import time
+
+import numpy as np
+
+from hostapps.collectives import PS_PULL, PS_PUSH, assign_shards
+from hostapps.config import RunConfig, build_model
+from hostapps.model import FlatModel, Sgd
+from hostapps.policies import SendLoop, Unit, make_policy
+from hostapps.records import Recorder
+from hostapps.transport import MessageKey, Peer, Transport, TransportError
+from hostapps.worker import connect_transport
+
+
+class ParameterShard:
+    """The tensors one server owns, and the per-iteration aggregation over a transport."""
+
+    def __init__(self, cfg: RunConfig, transport: Transport, model: FlatModel, recorder: Recorder):
+        self.cfg, self.transport, self.model, self.recorder = cfg, transport, model, recorder
+        owners = assign_shards([layer.size for layer in model.layers], len(cfg.servers))
+        self.tensors = [t for t, owner in enumerate(owners) if owner == cfg.rank]
+        self.workers = [Peer("worker", r) for r in range(cfg.world)]
+        self.sgd = Sgd(cfg.lr, cfg.momentum, model.params.size)
+        self.scratch = np.empty(max(model.layers[t].size for t in self.tensors), dtype=np.float32)
+        self.senders = [SendLoop("send-%s" % (worker,), make_policy(cfg.policy), self._sender(worker), transport.abort)
+                        for worker in self.workers]
+
+    def _sender(self, worker: Peer):
+        def send(unit: Unit) -> None:
+            self.transport.send(worker, MessageKey(unit.iteration, unit.tensor, PS_PULL),
+                                self.model.layer_params(unit.tensor))
+        return send
+
+    def _check(self) -> None:
+        for sender in self.senders:
+            if sender.error is not None:
+                raise sender.error
+
+    def serve_iteration(self, iteration: int) -> float:
+        """Aggregate, step and return every owned tensor of one iteration; return the compute seconds."""
+        pending = {(worker, MessageKey(iteration, t, PS_PUSH)) for worker in self.workers for t in self.tensors}
+        arrived = dict.fromkeys(self.tensors, 0)
+        compute_s = 0.0
+        while pending:
+            self._check()
+            peer, key = self.transport.wait_any(pending)
+            pending.remove((peer, key))
+            start = time.time()
+            t = key.tensor
+            grad = self.model.layer_grads(t)
+            if arrived[t] == 0:
+                self.transport.recv(peer, key, out=grad)
+            else:
+                incoming = self.scratch[:grad.size]
+                self.transport.recv(peer, key, out=incoming)
+                grad += incoming
+            arrived[t] += 1
+            if arrived[t] == len(self.workers):
+                grad *= np.float32(1.0 / len(self.workers))
+                self.sgd.step(self.model.layer_slice((t,)), self.model.params, self.model.grads)
+                for sender in self.senders:
+                    sender.queue.put(Unit(iteration, t, (t,), int(grad.nbytes)))
+            compute_s += time.time() - start
+        for worker, sender in zip(self.workers, self.senders):
+            if not sender.queue.join(self.cfg.timeout):
+                self._check()
+                raise TransportError("could not return the parameters of iteration %d to %s within %.1f s"
+                                     % (iteration, worker, self.cfg.timeout))
+        self._check()
+        return compute_s
+
+    def close(self) -> None:
+        for sender in self.senders:
+            sender.stop()
+        self._check()
+
+
+def run_server(cfg: RunConfig) -> dict:
+    """Serve cfg.iterations synchronous iterations; write the --out files; return the summary."""
+    wall_start = time.time()
+    model = build_model(cfg)
+    recorder = Recorder(cfg.job, "server", cfg.rank)
+    transport = connect_transport(cfg, recorder)
+    try:
+        shard = ParameterShard(cfg, transport, model, recorder)
+        for it in range(cfg.iterations):
+            start = time.time()
+            with recorder.span("iteration %d" % it, "server"):
+                compute_s = shard.serve_iteration(it)
+            end = time.time()
+            recorder.add_iteration(it, start, end, end - start - compute_s, None, None)
+        shard.close()
+    except BaseException:
+        transport.abort()
+        raise
+    transport.close()
+    summary = dict(role="server", rank=cfg.rank, mode=cfg.mode, model=cfg.profile or cfg.model,
+                   final_accuracy=None, iterations=cfg.iterations, param_count=int(model.params.size),
+                   bytes_per_iteration=int(model.params.nbytes), shard_tensors=shard.tensors,
+                   wall_time_s=time.time() - wall_start)
+    if cfg.out:
+        recorder.write(cfg.out, model.layer_tensor_names(), summary)
+    return {**summary, "model": model, "recorder": recorder}

@@ -1,0 +1,336 @@
+"""Transports move whole tensor messages between peers; collectives see only `Transport`.
+
+`send(peer, key, array)` and `recv(peer, key, out)` name a message by
+MessageKey (iteration, tensor, step).  `recv` fills `out` and returns the
+fraction of its bytes that were delivered: always 1.0 for TCP, less for a
+loss-tolerant datagram transport that zero-fills what is missing after its
+loss bound.  Receiver threads drain every connection into a shared Mailbox, so
+sends never deadlock on a peer that is itself sending, and consumers can take
+messages in any order (`wait_any`) without knowing the sender's order.
+"""
+import socket
+import threading
+import time
+from abc import ABC, abstractmethod
+from typing import Callable, Iterable, NamedTuple
+
+import numpy as np
+
+from hostapps import codec
+
+
+class Peer(NamedTuple):
+    role: str
+    rank: int
+
+    def __str__(self) -> str:
+        return "%s%d" % (self.role, self.rank)
+
+
+class MessageKey(NamedTuple):
+    iteration: int
+    tensor: int
+    step: int
+
+
+Address = tuple[str, int]
+
+# Called for every message sent or received:
+# (iteration, tensor, step, nbytes, direction, peer, start_s, end_s, delivered_fraction).
+TensorLog = Callable[[int, int, int, int, str, Peer, float, float, float], None]
+
+
+class TransportError(RuntimeError):
+    """A peer failed, sent garbage or did not answer within the timeout."""
+
+
+def free_loopback_addresses(n: int) -> list[Address]:
+    """n distinct 127.0.0.1 ports that were free a moment ago (for loopback tests and the bench)."""
+    socks = [socket.socket() for _ in range(n)]
+    for sock in socks:
+        sock.bind(("127.0.0.1", 0))
+    found = [sock.getsockname() for sock in socks]
+    for sock in socks:
+        sock.close()
+    return found
+
+
+def format_address(address: Address) -> str:
+    return "%s:%d" % address
+
+
+class Arrival(NamedTuple):
+    payload: np.ndarray  # uint8
+    delivered_fraction: float
+
+
+class Mailbox:
+    """Messages that arrived and were not yet taken, and the peers that went away."""
+
+    def __init__(self, names: dict[Peer, str]):
+        self._names = names
+        self._cond = threading.Condition()
+        self._messages: dict[tuple[Peer, MessageKey], Arrival] = {}
+        self._gone: dict[Peer, str] = {}
+
+    def put(self, peer: Peer, key: MessageKey, arrival: Arrival) -> None:
+        with self._cond:
+            self._messages[(peer, key)] = arrival
+            self._cond.notify_all()
+
+    def peer_gone(self, peer: Peer, reason: str) -> None:
+        """Waiters for messages from `peer` that have not arrived fail with `reason`."""
+        with self._cond:
+            self._gone.setdefault(peer, reason)
+            self._cond.notify_all()
+
+    def _check(self, wanted: Iterable[tuple[Peer, MessageKey]], deadline: float,
+               timeout: float) -> tuple[Peer, MessageKey] | None:
+        for item in wanted:
+            if item in self._messages:
+                return item
+        for peer, key in wanted:
+            if peer in self._gone:
+                raise TransportError("%s %s before sending %s" % (
+                    self._names[peer], self._gone[peer], describe_key(key)))
+        if time.monotonic() >= deadline:
+            peer, key = next(iter(wanted))
+            raise TransportError("timed out after %.1f s waiting for %s from %s" % (
+                timeout, describe_key(key), self._names[peer]))
+        return None
+
+    def wait_any(self, wanted: Iterable[tuple[Peer, MessageKey]], timeout: float) -> tuple[Peer, MessageKey]:
+        wanted = list(wanted)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while (found := self._check(wanted, deadline, timeout)) is None:
+                self._cond.wait(max(0.0, deadline - time.monotonic()))
+            return found
+
+    def take(self, peer: Peer, key: MessageKey, timeout: float) -> Arrival:
+        self.wait_any([(peer, key)], timeout)
+        with self._cond:
+            return self._messages.pop((peer, key))
+
+
+def describe_key(key: MessageKey) -> str:
+    return "tensor %d step %d of iteration %d" % (key.tensor, key.step, key.iteration)
+
+
+class Transport(ABC):
+    """Moves tensor messages between this process and its peers."""
+
+    @abstractmethod
+    def send(self, peer: Peer, key: MessageKey, array: np.ndarray) -> None:
+        """Send a contiguous array as message `key`; returns once the bytes are handed off."""
+
+    @abstractmethod
+    def recv(self, peer: Peer, key: MessageKey, out: np.ndarray) -> float:
+        """Fill `out` with message `key` from `peer`; return the delivered fraction."""
+
+    @abstractmethod
+    def wait_any(self, wanted: Iterable[tuple[Peer, MessageKey]]) -> tuple[Peer, MessageKey]:
+        """Block until one of the wanted messages can be received; return which."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Orderly shutdown after the last message; peers see an end of stream."""
+
+    @abstractmethod
+    def abort(self) -> None:
+        """Drop every connection at once (on error), so that peers fail fast."""
+
+
+def _recv_exact(sock: socket.socket, view: memoryview, idle_ok: bool, closing: threading.Event) -> bool:
+    """Fill view from sock; False on a clean end of stream before the first byte."""
+    got = 0
+    while got < len(view):
+        try:
+            n = sock.recv_into(view[got:])
+        except socket.timeout:
+            if (idle_ok and got == 0) and not closing.is_set():
+                continue  # an idle connection between messages is normal
+            raise
+        if n == 0:
+            if got == 0 and idle_ok:
+                return False
+            raise TransportError("connection closed in the middle of a frame")
+        got += n
+    return True
+
+
+def _send_parts(sock: socket.socket, header: bytes, payload: memoryview) -> None:
+    """One gather syscall for header + payload in the common case, then finish any remainder."""
+    sent = sock.sendmsg([header, payload]) if len(payload) else sock.send(header)
+    if sent < len(header):
+        sock.sendall(header[sent:])
+        sent = len(header)
+    if sent - len(header) < len(payload):
+        sock.sendall(payload[sent - len(header):])
+
+
+class TcpTransport(Transport):
+    """One persistent TCP connection per peer, framed with codec headers."""
+
+    def __init__(self, me: Peer, listen: Address, job: int, timeout: float,
+                 log: TensorLog | None = None):
+        self.me = me
+        self.listen_address = listen
+        self.job = job
+        self.timeout = timeout
+        self._log = log
+        self._names: dict[Peer, str] = {}
+        self.mailbox = Mailbox(self._names)
+        self._socks: dict[Peer, socket.socket] = {}
+        self._send_locks: dict[Peer, threading.Lock] = {}
+        self._receivers: list[threading.Thread] = []
+        self._closing = threading.Event()
+        self._listener = socket.create_server(listen, reuse_port=False)
+        self._listener.settimeout(0.2)
+
+    def connect(self, dial: dict[Peer, Address], accept: dict[Peer, Address]) -> None:
+        """Dial the peers in `dial` and wait for those in `accept`, all within the timeout."""
+        for peer, address in {**dial, **accept}.items():
+            self._names[peer] = "%s (%s)" % (peer, format_address(address))
+        deadline = time.monotonic() + self.timeout
+        accepted: dict[Peer, socket.socket] = {}
+        accept_error: list[str] = []
+        acceptor = threading.Thread(target=self._accept, daemon=True,
+                                    args=(set(accept), accepted, accept_error, deadline))
+        acceptor.start()
+        for peer, address in dial.items():
+            self._attach(peer, self._dial(peer, address, deadline))
+        acceptor.join()
+        if accept_error:
+            raise TransportError(accept_error[0])
+        for peer, sock in accepted.items():
+            self._attach(peer, sock)
+        self._listener.close()
+
+    def _dial(self, peer: Peer, address: Address, deadline: float) -> socket.socket:
+        last_error = "no attempt"
+        while time.monotonic() < deadline:
+            try:
+                sock = socket.create_connection(address, timeout=max(0.1, deadline - time.monotonic()))
+            except OSError as e:  # the peer may not be listening yet
+                last_error = e.strerror or str(e)
+                time.sleep(0.05)
+                continue
+            sock.settimeout(self.timeout)
+            hello = codec.Frame(codec.KIND_HELLO, self.me.role, self.me.rank, 0, self.job, 0, 0, 0, 0, 0)
+            sock.sendall(codec.encode_header(hello))
+            return sock
+        raise TransportError("could not connect to %s within %.1f s: %s" % (
+            self._names[peer], self.timeout, last_error))
+
+    def _accept(self, expected: set[Peer], accepted: dict[Peer, socket.socket],
+                error: list[str], deadline: float) -> None:
+        while expected - set(accepted):
+            if time.monotonic() >= deadline:
+                missing = sorted(expected - set(accepted))
+                error.append("%s never connected within %.1f s" % (
+                    ", ".join(self._names[p] for p in missing), self.timeout))
+                return
+            try:
+                sock, source = self._listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:  # the listener was closed by abort()
+                error.append("%s: stopped while waiting for peers" % self.me)
+                return
+            sock.settimeout(max(0.1, deadline - time.monotonic()))
+            header = bytearray(codec.HEADER.size)
+            try:
+                _recv_exact(sock, memoryview(header), False, self._closing)
+                hello = codec.decode_header(header)
+                peer = Peer(hello.role, hello.rank)
+                if hello.kind != codec.KIND_HELLO or hello.job != self.job or peer not in expected:
+                    raise codec.FrameError("unexpected hello from %s for job %d" % (peer, hello.job))
+            except (OSError, TransportError, codec.FrameError) as e:
+                # A stray or garbled connection is refused; the job waits for its real peers.
+                print("warning: %s: rejected connection from %s: %s" % (
+                    self.me, format_address(source), e), flush=True)
+                sock.close()
+                continue
+            sock.settimeout(self.timeout)
+            accepted[peer] = sock
+
+    def _attach(self, peer: Peer, sock: socket.socket) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._socks[peer] = sock
+        self._send_locks[peer] = threading.Lock()
+        thread = threading.Thread(target=self._receive_loop, args=(peer, sock), daemon=True,
+                                  name="recv-%s" % (peer,))
+        self._receivers.append(thread)
+        thread.start()
+
+    def _receive_loop(self, peer: Peer, sock: socket.socket) -> None:
+        header = bytearray(codec.HEADER.size)
+        header_view = memoryview(header)
+        try:
+            while _recv_exact(sock, header_view, True, self._closing):
+                frame = codec.decode_header(header)
+                if frame.kind != codec.KIND_DATA or (frame.role, frame.rank) != peer or frame.job != self.job:
+                    raise codec.FrameError("frame kind %d from %s%d job %d on the connection of %s" % (
+                        frame.kind, frame.role, frame.rank, frame.job, peer))
+                if frame.offset != 0 or frame.length != frame.total:
+                    raise codec.FrameError("TCP frames carry whole messages, got fragment %d+%d of %d" % (
+                        frame.offset, frame.length, frame.total))
+                start = time.time()
+                payload = np.empty(frame.total, dtype=np.uint8)
+                _recv_exact(sock, memoryview(payload), False, self._closing)
+                end = time.time()
+                key = MessageKey(frame.iteration, frame.tensor, frame.step)
+                if self._log:
+                    self._log(key.iteration, key.tensor, key.step, frame.total, "recv", peer, start, end, 1.0)
+                self.mailbox.put(peer, key, Arrival(payload, 1.0))
+            self.mailbox.peer_gone(peer, "closed the connection")
+        except codec.FrameError as e:
+            self.mailbox.peer_gone(peer, "sent a malformed frame (%s)" % e)
+            sock.close()
+        except (OSError, TransportError) as e:
+            reason = "timed out mid-message" if isinstance(e, socket.timeout) else "failed (%s)" % e
+            self.mailbox.peer_gone(peer, "closing" if self._closing.is_set() else reason)
+
+    def send(self, peer: Peer, key: MessageKey, array: np.ndarray) -> None:
+        payload = memoryview(np.ascontiguousarray(array)).cast("B")
+        header = codec.encode_header(codec.Frame(
+            codec.KIND_DATA, self.me.role, self.me.rank, key.step, self.job, key.iteration,
+            key.tensor, 0, len(payload), len(payload)))
+        start = time.time()
+        try:
+            with self._send_locks[peer]:
+                _send_parts(self._socks[peer], header, payload)
+        except OSError as e:
+            raise TransportError("sending %s to %s failed: %s" % (
+                describe_key(key), self._names[peer], "timed out" if isinstance(e, socket.timeout) else e))
+        if self._log:
+            self._log(key.iteration, key.tensor, key.step, len(payload), "send", peer, start, time.time(), 1.0)
+
+    def recv(self, peer: Peer, key: MessageKey, out: np.ndarray) -> float:
+        arrival = self.mailbox.take(peer, key, self.timeout)
+        if arrival.payload.size != out.nbytes:
+            raise TransportError("%s from %s has %d bytes, expected %d" % (
+                describe_key(key), self._names[peer], arrival.payload.size, out.nbytes))
+        np.copyto(out, arrival.payload.view(out.dtype).reshape(out.shape))
+        return arrival.delivered_fraction
+
+    def wait_any(self, wanted: Iterable[tuple[Peer, MessageKey]]) -> tuple[Peer, MessageKey]:
+        return self.mailbox.wait_any(wanted, self.timeout)
+
+    def close(self) -> None:
+        self._closing.set()
+        for sock in self._socks.values():
+            try:
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        deadline = time.monotonic() + self.timeout
+        for thread in self._receivers:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self.abort()
+
+    def abort(self) -> None:
+        self._closing.set()
+        for sock in [self._listener, *self._socks.values()]:
+            sock.close()

@@ -1,0 +1,83 @@
+"""`python -m experiments` commands (without the network runner) and the progress display."""
+import io
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+from experiments.__main__ import RESULTS_DIR, main
+from experiments.progress import Progress
+
+REPO = Path(__file__).resolve().parent.parent
+SMOKE = str(REPO / "experiments" / "smoke.yaml")
+
+
+def test_validate_lists_the_expanded_runs(capsys):
+    assert main(["validate", SMOKE]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "smoke: 2 runs (2 matrix points x 1 repetition(s))"
+    assert "mode=allreduce,rep=1" in lines[1] and "workers=h1,h2,h3,h4 servers=-" in lines[1]
+    assert "mode=ps,rep=1" in lines[2] and "workers=h1,h2,h3 servers=h4" in lines[2]
+
+
+def test_validate_applies_set_and_reports_errors_on_one_line(capsys):
+    assert main(["validate", SMOKE, "--set", "job.iterations=12"]) == 0
+    assert "iterations=12" in capsys.readouterr().out
+    assert main(["validate", SMOKE, "--set", "topology.spines=-1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == "spec error: topology.spines: -1 is not allowed (an integer >= 1)\n"
+    assert captured.out == ""
+
+
+def test_run_hands_the_validated_spec_to_the_runner(monkeypatch, tmp_path):
+    calls = []
+    runner = types.ModuleType("experiments.runner")
+    runner.run_experiment = lambda spec, out_dir, resume: calls.append((spec, out_dir, resume))
+    monkeypatch.setitem(sys.modules, "experiments.runner", runner)
+    assert main(["run", SMOKE, "--out", str(tmp_path), "--set", "repetitions=2", "--resume"]) == 0
+    (spec, out_dir, resume), = calls
+    assert len(spec.runs) == 4 and out_dir == tmp_path and resume is True
+    assert main(["run", SMOKE]) == 0
+    assert calls[1][1].parent == RESULTS_DIR and calls[1][1].name.startswith("smoke-")
+
+
+def test_run_rejects_resume_without_out_and_bad_specs(capsys):
+    assert main(["run", SMOKE, "--resume"]) == 2
+    assert "--resume needs --out" in capsys.readouterr().err
+    assert main(["run", SMOKE, "--set", "controller.lb=random"]) == 2
+
+
+def test_plot_needs_a_results_directory(tmp_path, capsys):
+    assert main(["plot", str(tmp_path)]) == 2
+    assert "has no runs.csv" in capsys.readouterr().err
+
+
+def test_module_entry_point():
+    result = subprocess.run([sys.executable, "-m", "experiments", "validate", SMOKE],
+                            capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert result.returncode == 0 and result.stdout.startswith("smoke: 2 runs")
+
+
+def test_progress_counts_runs_and_iterations():
+    stream = io.StringIO()
+    with Progress(2, file=stream) as progress:
+        progress.start_run("mode=allreduce,rep=1", 30)
+        progress.iteration(10)
+        progress.iteration(30)
+        assert progress.current.n == 30
+        progress.end_run("ok")
+        progress.start_run("mode=ps,rep=1", 30)
+        progress.iteration(3)
+        progress.end_run("failed")
+        assert progress.runs.n == 2 and dict(progress.statuses) == {"ok": 1, "failed": 1}
+    text = stream.getvalue()
+    assert "mode=allreduce,rep=1" in text and "run 2/2" in text and "failed=1" in text
+
+
+def test_progress_can_be_silenced():
+    stream = io.StringIO()
+    with Progress(1, file=stream, disable=True) as progress:
+        progress.start_run("rep=1", 5)
+        progress.iteration(5)
+        progress.end_run("ok")
+    assert stream.getvalue() == ""

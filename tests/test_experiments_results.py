@@ -1,0 +1,258 @@
+"""Aggregation into tidy CSVs, summary.md and plots, from a generated results directory whose
+raw per-run records follow the host apps', controller's and runner's contracts."""
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from experiments import results
+from experiments.__main__ import main
+from experiments.metrics import LINK_COLUMNS
+from experiments.plots import plot_all
+from experiments.spec import Run, load_spec, parse_spec
+from experiments.summary import write_summary
+
+FIXTURE_SPEC = Path(__file__).resolve().parent / "fixtures" / "experiments" / "two_schemes.yaml"
+FAILED_RUN = "scheme=spray,mode=ps,rep=2"
+SATURATED_RUN = "scheme=baseline,mode=allreduce,rep=2"
+START = 1_700_000_000.0
+COMPUTE_S = 0.3
+COMM_SPAN_S = 0.3
+MODEL_BYTES = 1_000_000
+
+
+def iteration_s(run: Run) -> float:
+    """The fixture's iteration time: spray is faster, the second repetition 10% slower."""
+    return {"baseline": 0.5, "spray": 0.4}[run.axes["scheme"]] * (1 + 0.1 * (run.rep - 1))
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(path, index=False)
+
+
+def write_host_records(out: Path, run: Run, t0: float) -> None:
+    """iterations.csv, tensors.csv, summary.json of every process, as the host apps write them."""
+    period = iteration_s(run)
+    config = run.config
+    processes = [(host, "worker", rank) for rank, host in enumerate(config.worker_hosts)]
+    processes += [(host, "server", rank) for rank, host in enumerate(config.server_hosts)]
+    for host, role, rank in processes:
+        iterations, tensors = [], []
+        for i in range(config.job.iterations):
+            start = t0 + i * period
+            evaluated = role == "worker" and i % 2 == 1
+            iterations.append({
+                "job": "fixture", "role": role, "rank": rank, "iteration": i, "start_s": start,
+                "end_s": start + period, "compute_s": COMPUTE_S if role == "worker" else 0.0,
+                "wait_s": period - COMPUTE_S, "bytes_sent": 2000, "bytes_recv": 2000, "loss": 1 / (i + 1),
+                "test_accuracy": {1: 0.6, 3: 0.92}.get(i) if evaluated else None,
+            })
+            for layer in range(2):
+                tensors.append({
+                    "job": "fixture", "role": role, "rank": rank, "iteration": i, "tensor": f"w{layer}",
+                    "layer": layer, "bytes": MODEL_BYTES // 2, "direction": "send", "peer": "h1",
+                    "start_s": start + 0.1 + layer * COMM_SPAN_S / 2,
+                    "end_s": start + 0.1 + (layer + 1) * COMM_SPAN_S / 2, "delivered_fraction": 1.0,
+                })
+        directory = results.process_dir(out, run.run_id, host, role, rank)
+        _write_csv(directory / "iterations.csv", iterations)
+        _write_csv(directory / "tensors.csv", tensors)
+        (directory / "summary.json").write_text(json.dumps({
+            "final_accuracy": 0.92, "iterations": config.job.iterations,
+            "bytes_per_iteration": MODEL_BYTES, "param_count": MODEL_BYTES // 4, "wall_time_s": 3.0}))
+
+
+def write_network_records(out: Path, run: Run, t0: float) -> None:
+    """ports.csv (controller), port_rates.csv and cpu.csv (runner)."""
+    # Mbit/s per leaf1 uplink: ECMP hashes unevenly, spray evenly.
+    uplinks = {"baseline": {3: 60.0, 4: 20.0}, "spray": {3: 40.0, 4: 40.0}}[run.axes["scheme"]]
+    ports = []
+    for second in range(3):
+        for port, mbps in [*uplinks.items(), (1, 30.0)]:
+            sent = int(mbps * 1e6 / 8 * second)
+            ports.append({"time_s": t0 + second, "switch": "leaf1", "port": port, "tx_bytes": sent,
+                          "rx_bytes": sent // 2, "tx_packets": sent // 1500, "rx_packets": sent // 3000,
+                          "tx_dropped": second, "rx_dropped": 0})
+    run_path = results.run_dir(out, run.run_id)
+    _write_csv(run_path / "ports.csv", ports)
+    _write_csv(run_path / "port_rates.csv", [
+        {"switch": "leaf1", "port": 3, "peer": "spine1", "rate_mbps": 100, "tier": "fabric"},
+        {"switch": "leaf1", "port": 4, "peer": "spine2", "rate_mbps": 100, "tier": "fabric"},
+        {"switch": "leaf1", "port": 1, "peer": "h1", "rate_mbps": 100, "tier": "host"}])
+    cpu = 0.95 if run.run_id == SATURATED_RUN else 0.5
+    _write_csv(run_path / "cpu.csv", [{"time_s": t0 + s, "cpu_util": cpu} for s in range(3)])
+
+
+def make_results(out: Path) -> None:
+    spec = load_spec(FIXTURE_SPEC)
+    results.start_output(out, spec, resume=False)
+    for run in spec.runs:
+        t0 = START + 100 * run.index
+        write_host_records(out, run, t0)
+        write_network_records(out, run, t0)
+        failed = run.run_id == FAILED_RUN
+        results.write_run_record(out, run, "failed" if failed else "ok", t0, t0 + 5,
+                                 error="worker h2 exited with 1" if failed else "")
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("results")
+    make_results(directory)
+    results.aggregate(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def runs(out) -> pd.DataFrame:
+    return pd.read_csv(out / "runs.csv").set_index("run_id", drop=False)
+
+
+def test_runs_csv_has_exactly_the_contract_columns(runs):
+    assert list(runs.columns) == [
+        "run_id", "scheme", "rep", "mode", "lb", "sched", "transport", "loss_bound", "workers", "iterations",
+        "iter_time_mean_s", "iter_time_p50_s", "iter_time_p99_s", "samples_per_s", "final_accuracy",
+        "time_to_accuracy_s", "bytes_sent", "lower_bound_s", "tictac_efficiency", "speedup_vs_baseline",
+        "cpu_util_mean", "fidelity_ok"]
+    assert len(runs) == 8
+
+
+def test_runs_csv_metrics_of_one_run(runs):
+    run = runs.loc["scheme=baseline,mode=allreduce,rep=1"]
+    assert (run["scheme"], run["mode"], run["lb"], run["workers"], run["rep"]) == ("baseline", "allreduce", "ecmp", 4, 1)
+    assert run["iter_time_mean_s"] == pytest.approx(0.5, rel=1e-5)
+    assert run["iter_time_p99_s"] == pytest.approx(0.5, rel=1e-5)
+    assert run["samples_per_s"] == pytest.approx(12 / 0.5, rel=1e-5)  # the global batch
+    assert run["final_accuracy"] == pytest.approx(0.92)
+    assert run["time_to_accuracy_s"] == pytest.approx(4 * 0.5, rel=1e-5)  # reached at the end of iteration 3
+    assert run["bytes_sent"] == 4 * 5 * 2000
+    assert run["lower_bound_s"] == pytest.approx(COMPUTE_S)  # compute exceeds the 0.12 s comm bound
+    assert run["tictac_efficiency"] == pytest.approx((0.6 - 0.5) / (0.6 - 0.3), rel=1e-4)
+    assert run["speedup_vs_baseline"] == pytest.approx(0.525 / 0.5, rel=1e-5)
+    assert run["cpu_util_mean"] == pytest.approx(0.5) and bool(run["fidelity_ok"]) is True
+
+
+def test_speedup_compares_within_the_same_mode(runs):
+    assert runs.loc["scheme=spray,mode=allreduce,rep=1", "speedup_vs_baseline"] == pytest.approx(0.525 / 0.4, rel=1e-5)
+    assert runs.loc["scheme=spray,mode=ps,rep=1", "speedup_vs_baseline"] == pytest.approx(0.525 / 0.4, rel=1e-5)
+
+
+def test_ps_run_counts_server_bytes_and_uses_ps_bound(runs):
+    run = runs.loc["scheme=baseline,mode=ps,rep=1"]
+    assert run["workers"] == 3
+    assert run["bytes_sent"] == 4 * 5 * 2000  # 3 workers and 1 server
+    assert run["lower_bound_s"] == pytest.approx(COMPUTE_S)  # > max(0.08, 3 * 0.08)
+
+
+def test_failed_run_is_listed_without_metrics(runs):
+    run = runs.loc[FAILED_RUN]
+    assert run["mode"] == "ps" and run["lb"] == "spray"
+    assert math.isnan(run["iter_time_mean_s"]) and math.isnan(run["speedup_vs_baseline"])
+
+
+def test_saturated_run_fails_fidelity(runs):
+    assert not runs.loc[SATURATED_RUN, "fidelity_ok"]
+
+
+@pytest.mark.parametrize("name,columns", [
+    ("iterations", results.ITERATION_COLUMNS), ("tensors", results.TENSOR_COLUMNS), ("links", LINK_COLUMNS)])
+def test_combined_csvs_have_run_id_first(out, name, columns):
+    frame = pd.read_csv(out / f"{name}.csv")
+    assert list(frame.columns) == ["run_id", *columns]
+    assert frame["run_id"].nunique() == 8
+
+
+def test_links_csv_utilization(out):
+    links = pd.read_csv(out / "links.csv")
+    run_links = links[links["run_id"] == "scheme=baseline,mode=ps,rep=1"]
+    assert len(run_links) == 3 * 2  # 3 ports, 2 intervals
+    uplink = run_links[run_links["port"] == 3]
+    assert uplink["tx_util_frac"].tolist() == pytest.approx([0.6, 0.6], rel=1e-5)
+    assert uplink["tx_dropped_pkts"].tolist() == [1, 1]
+
+
+def test_spec_yaml_round_trips_and_meta_records_environment(out):
+    again = parse_spec(yaml.safe_load((out / "spec.yaml").read_text()))
+    assert again.runs == load_spec(FIXTURE_SPEC).runs
+    meta = json.loads((out / "meta.json").read_text())
+    assert {"git_revision", "python", "numpy", "ovs", "mininet", "ryu", "kernel", "cpu", "seed"} <= set(meta)
+    assert meta["numpy"] and meta["python"] and meta["seed"] == 0
+
+
+def test_start_output_guards_existing_results(out, tmp_path):
+    spec = load_spec(FIXTURE_SPEC)
+    with pytest.raises(ValueError, match="holds results already"):
+        results.start_output(out, spec, resume=False)
+    results.start_output(out, spec, resume=True)
+    changed = load_spec(FIXTURE_SPEC, ["job.iterations=9"])
+    with pytest.raises(ValueError, match="differs from the spec given"):
+        results.start_output(out, changed, resume=True)
+
+
+def test_completed_runs_exclude_failed(out):
+    done = results.completed_run_ids(out)
+    assert len(done) == 7 and FAILED_RUN not in done
+
+
+def test_missing_contract_column_names_the_file(tmp_path):
+    spec = load_spec(FIXTURE_SPEC)
+    results.start_output(tmp_path, spec, resume=False)
+    run = spec.runs[0]
+    _write_csv(results.process_dir(tmp_path, run.run_id, "h1", "worker", 0) / "iterations.csv",
+               [{"job": "x", "role": "worker", "rank": 0}])
+    results.write_run_record(tmp_path, run, "ok", 0.0, 1.0)
+    with pytest.raises(ValueError, match=r"h1-worker0/iterations.csv: missing columns iteration, start_s"):
+        results.aggregate(tmp_path)
+
+
+def test_write_run_record_rejects_unknown_status(tmp_path):
+    with pytest.raises(ValueError, match="status: 'done' is not allowed"):
+        results.write_run_record(tmp_path, load_spec(FIXTURE_SPEC).runs[0], "done", 0.0, 1.0)
+
+
+def test_summary_has_a_table_per_mode_and_notes(out):
+    text = write_summary(out)
+    assert (out / "summary.md").read_text() == text
+    lines = text.splitlines()
+    assert "## allreduce" in lines and "## ps" in lines
+    header = next(line for line in lines if line.startswith("| scheme"))
+    assert header.count("|") == 11
+    baseline_row = next(line for line in lines if line.startswith("| scheme=baseline"))
+    cells = [cell.strip() for cell in baseline_row.strip("|").split("|")]
+    assert cells[1] == "0.525 ± 0.0354"       # iteration time over the two repetitions
+    assert cells[6] == "150"                  # p99 tensor time in ms
+    assert cells[7] == "1.5"                  # ECMP: 0.6 / mean(0.6, 0.2)
+    assert cells[9] == "saturated 1/2"
+    spray_ps = [line for line in lines if line.startswith("| scheme=spray")][1]
+    assert spray_ps.split("|")[10].strip() == "ok" and spray_ps.split("|")[8].strip() == "1"
+    assert f"- {FAILED_RUN}: failed: worker h2 exited with 1" in lines
+    assert any(line.startswith(f"- {SATURATED_RUN}: host CPU saturated (mean 0.95 > 0.9)") for line in lines)
+
+
+def test_plots_are_drawn_from_csvs(out):
+    written = plot_all(out)
+    assert sorted(path.name for path in written) == [
+        "accuracy.png", "iteration_time.png", "link_utilization.png", "tensor_cdf.png"]
+    for path in written:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
+def test_plot_command_redraws(out, capsys):
+    for path in (out / "plots").glob("*.png"):
+        path.unlink()
+    assert main(["plot", str(out)]) == 0
+    assert len(list((out / "plots").glob("*.png"))) == 4
+    assert "iteration_time.png" in capsys.readouterr().out
+
+
+def test_plots_skip_figures_without_data(tmp_path):
+    spec = load_spec(FIXTURE_SPEC)
+    results.start_output(tmp_path, spec, resume=False)
+    results.write_run_record(tmp_path, spec.runs[0], "failed", 0.0, 1.0, error="no hosts")
+    results.aggregate(tmp_path)
+    assert plot_all(tmp_path) == []
+    assert "no hosts" in write_summary(tmp_path)

@@ -1,0 +1,249 @@
+"""Spec schema, validation messages, --set overrides and matrix expansion (no network)."""
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, strategies as st
+
+from experiments.spec import SpecError, load_spec, parse_spec, scheme_of, topology_links, Topology
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "experiments"
+
+MALFORMED = [
+    ("topology: {spines: -1}", "topology.spines: -1 is not allowed (an integer >= 1)"),
+    ("topology: {spines: two}", "topology.spines: 'two' is not allowed (an integer >= 1)"),
+    ("topology: {spines: true}", "topology.spines: true is not allowed (an integer >= 1)"),
+    ("topology: {spine: 2}", "topology.spine: unknown field (did you mean spines?)"),
+    ("topology: {kind: torus}", "topology.kind: 'torus' is not allowed (one of leafspine, fattree)"),
+    ("topology: {kind: fattree, k: 3}",
+     "topology.k: 3 is not allowed (an even integer >= 2 (fattree only))"),
+    ("topology: {host_bw: 0}", "topology.host_bw: 0 is not allowed (a rate in Mbit/s > 0)"),
+    ("topology: 4", "topology: 4 is not allowed (a mapping with keys kind, spines, leaves, "
+                    "hosts_per_leaf, k, host_bw, fabric_bw)"),
+    ("controller: {lb: sprey}", "controller.lb: 'sprey' is not allowed (one of ecmp, spray, single)"),
+    ("controller: {sched: tictac}", "controller.sched: 'tictac' is not allowed (one of fifo)"),
+    ("job: {mode: ring}", "job.mode: 'ring' is not allowed (one of allreduce, ps)"),
+    ("job: {model: {name: gpt2}}",
+     "job.model.name: 'gpt2' is not allowed (one of mlp, resnet50, vgg16, bert_base)"),
+    ("job: {model: {scale: 2}}",
+     "job.model.scale: 2 is not allowed (a fraction of the profile's tensor sizes in (0, 1])"),
+    ("job: {workers: 0}", "job.workers: 0 is not allowed ('all' hosts but the servers, a count >= 1 "
+                          "or a list of distinct host names)"),
+    ("job: {workers: [h1, h1]}", "job.workers: [h1, h1] is not allowed ('all' hosts but the "
+                                 "servers, a count >= 1 or a list of distinct host names)"),
+    ("job: {workers: [h1, h9]}", "job.workers.1: 'h9' is not allowed (a host of h1..h4)"),
+    ("job: {workers: 5}", "job.workers: 5 is not allowed (at most the 4 hosts of the topology)"),
+    ("job: {mode: ps, workers: 4}", "job.workers: 4 is not allowed (at most 3: 4 hosts, 1 of them servers)"),
+    ("job: {mode: ps, servers: 4}", "job.servers: 4 is not allowed (fewer than the 4 hosts, workers need one)"),
+    ("job: {mode: ps, workers: [h1, h2], servers: [h2]}",
+     "job.workers: [h1, h2] is not allowed (hosts apart from the servers h2)"),
+    ("job: {iterations: 1}", "job.iterations: 1 is not allowed (an integer >= 2)"),
+    ("job: {eval_every: -1}", "job.eval_every: -1 is not allowed (an integer >= 0 (iterations; 0: only at the end))"),
+    ("job: {batch: 30}", "job.batch: 30 is not allowed (a multiple of the 4 workers, the global batch splits "
+                         "evenly over them)"),
+    ("topology: {kind: fattree, fabric_bw: 50}",
+     "topology.fabric_bw: 50.0 is not allowed (the host_bw 100: all links of a fat-tree have one rate)"),
+    ("job: {loss_bound: 1.5}", "job.loss_bound: 1.5 is not allowed (a fraction in [0, 1])"),
+    ("job: {transport: mlt}", "job.transport: 'mlt' is not allowed (one of tcp)"),
+    ("job: {target_accuracy: 0}", "job.target_accuracy: 0 is not allowed (a fraction in (0, 1])"),
+    ("background: [{dst: h2}]",
+     "background.0.src: missing (a host name or a list of distinct host names (incast))"),
+    ("background: [{src: h1, dst: h1}]", "background.0.dst: 'h1' is not allowed (a host other than the sources)"),
+    ("background: [{src: [h1, h7], dst: h2}]", "background.0.src.1: 'h7' is not allowed (a host of h1..h4)"),
+    ("background: [{src: h1, dst: h2, proto: sctp}]",
+     "background.0.proto: 'sctp' is not allowed (one of tcp, udp)"),
+    ("faults: [{kind: link_down, link: h1-spine1, at_s: 1, duration_s: 2}]",
+     "faults.0.link: 'h1-spine1' is not allowed (a link of the topology written a-b, e.g. h1-leaf1)"),
+    ("faults: [{kind: loss, link: leaf1-spine1, at_s: 1, duration_s: 2}]",
+     "faults.0.loss_percent: missing (a percentage in (0, 100], only with kind loss)"),
+    ("faults: [{kind: rate, link: leaf1-spine1, at_s: 1, duration_s: 2, rate_mbps: 10, loss_percent: 1}]",
+     "faults.0.loss_percent: 1.0 is not allowed (only with kind loss)"),
+    ("faults: [{kind: link_down, link: leaf1-spine1, duration_s: 2}]",
+     "faults.0.at_s: missing (seconds after the job starts, >= 0)"),
+    ("repetitons: 3", "repetitons: unknown field (did you mean repetitions?)"),
+    ("repetitions: 0", "repetitions: 0 is not allowed (an integer >= 1)"),
+    ("flavour: x", "flavour: unknown field (allowed: topology, controller, job, background, faults, "
+                   "name, description, repetitions, matrix)"),
+    ("matrix: {lb: {values: [ecmp, spray]}}",
+     "matrix.lb.field: null is not allowed (the dotted field the scalar values set)"),
+    ("matrix: {lb: {field: controller.lb, values: [ecmp, sprey]}}",
+     "controller.lb: 'sprey' is not allowed (one of ecmp, spray, single) (in run lb=sprey)"),
+    ("matrix: {scheme: {values: {fast: {controller.lbb: spray}}}}",
+     "controller.lbb: unknown field (did you mean lb?) (in run scheme=fast)"),
+    ("matrix: {scheme: {values: {a: {}, b: {}}, baseline: c}}",
+     "matrix.scheme.baseline: 'c' is not allowed (one of a, b)"),
+    ("matrix: {scheme: {values: {a: {repetitions: 2}}}}",
+     "matrix.scheme.values.a: 'repetitions' is not allowed (fields of topology, controller, job, "
+     "background, faults)"),
+    ("matrix: {mode: {values: {a: {}}}}",
+     "matrix: 'mode' is not allowed (an axis name that is not a runs.csv column, unless it is the "
+     "scalar axis over that column's field (job.mode))"),
+    ("matrix: {bytes_sent: {field: job.batch, values: [1, 2]}}",
+     "matrix: 'bytes_sent' is not allowed (an axis name that is not a runs.csv column, unless it is "
+     "the scalar axis over that column's field (-))"),
+    ("matrix: {scheme: {values: []}}",
+     "matrix.scheme.values: [] is not allowed (a non-empty list of scalars (with field) or mapping "
+     "of labels to overrides)"),
+    ("matrix: {scheme: {values: {'a b': {}}}}",
+     "matrix.scheme.values: 'a b' is not allowed (labels of letters, digits and _.+-)"),
+    ("matrix: {a: {values: {x: {}}, baseline: x}, b: {values: {y: {}}, baseline: y}}",
+     "matrix: [a, b] is not allowed (a baseline on one axis at most)"),
+    # Placement depends on the point of the matrix: valid alone, invalid with mode ps.
+    ("job: {workers: 4}\nmatrix: {mode: {field: job.mode, values: [allreduce, ps]}}",
+     "job.workers: 4 is not allowed (at most 3: 4 hosts, 1 of them servers) (in run mode=ps)"),
+    ("- a list", "spec: [a list] is not allowed (a YAML mapping with topology, controller, job, ...)"),
+]
+
+
+@pytest.mark.parametrize("text,message", MALFORMED, ids=[message.split(":")[0] for _, message in MALFORMED])
+def test_malformed_spec_is_rejected_with_one_line_naming_the_field(text, message):
+    with pytest.raises(SpecError) as error:
+        parse_spec(yaml.safe_load(text))
+    assert str(error.value) == f"spec error: {message}"
+    assert "\n" not in str(error.value)
+
+
+def test_empty_spec_is_one_run_of_defaults():
+    spec = parse_spec({})
+    assert [run.run_id for run in spec.runs] == ["rep=1"]
+    run = spec.runs[0]
+    assert run.topology.kind == "leafspine" and run.controller.lb == "ecmp" and run.job.mode == "allreduce"
+    assert run.config.worker_hosts == ["h1", "h2", "h3", "h4"] and run.config.server_hosts == []
+
+
+@pytest.mark.parametrize("name,runs", [("smoke", 2), ("default", 18)])
+def test_shipped_specs_are_valid(name, runs):
+    spec = load_spec(REPO / "experiments" / f"{name}.yaml")
+    assert spec.name == name
+    assert len(spec.runs) == runs
+
+
+def test_default_spec_compares_schemes_against_ecmp_baseline():
+    spec = load_spec(REPO / "experiments" / "default.yaml")
+    assert spec.baseline == ("scheme", "baseline")
+    lbs = {run.axes["scheme"]: run.controller.lb for run in spec.runs}
+    assert lbs == {"baseline": "ecmp", "spray": "spray", "single": "single"}
+    ps_run = next(run for run in spec.runs if run.job.mode == "ps")
+    assert ps_run.config.worker_hosts == ["h1", "h2", "h3"] and ps_run.config.server_hosts == ["h4"]
+
+
+MATRIX_SPEC = """
+job: {seed: 7}
+repetitions: 2
+matrix:
+  scheme:
+    values:
+      base: null
+      fast: {controller.lb: spray, job: {model: {width: 8}}}
+    baseline: base
+  mode: {field: job.mode, values: [allreduce, ps]}
+"""
+
+
+def test_matrix_expands_cartesian_product_with_repetitions_outermost():
+    spec = parse_spec(yaml.safe_load(MATRIX_SPEC))
+    assert [run.run_id for run in spec.runs] == [
+        f"scheme={scheme},mode={mode},rep={rep}"
+        for rep in (1, 2) for scheme in ("base", "fast") for mode in ("allreduce", "ps")]
+    assert [run.index for run in spec.runs] == list(range(8))
+    assert spec.baseline == ("scheme", "base")
+
+
+def test_matrix_overrides_merge_into_sections_and_seeds_follow_repetition():
+    runs = {run.run_id: run for run in parse_spec(yaml.safe_load(MATRIX_SPEC)).runs}
+    fast = runs["scheme=fast,mode=ps,rep=2"]
+    assert fast.controller.lb == "spray" and fast.job.mode == "ps"
+    assert fast.job.model.width == 8 and fast.job.model.depth == 2  # merged, not replaced
+    assert runs["scheme=base,mode=ps,rep=2"].job.model.width == 64
+    assert {run.job.seed for run in runs.values() if run.rep == 1} == {7}
+    assert {run.job.seed for run in runs.values() if run.rep == 2} == {8}
+
+
+def test_scalar_axis_labels_numbers_as_yaml():
+    spec = parse_spec({"matrix": {"bound": {"field": "job.loss_bound", "values": [0, 0.5]}}})
+    assert [run.run_id for run in spec.runs] == ["bound=0,rep=1", "bound=0.5,rep=1"]
+    assert spec.runs[1].job.loss_bound == 0.5
+
+
+def test_resolved_document_round_trips():
+    spec = parse_spec(yaml.safe_load(MATRIX_SPEC), ["topology.host_bw=50"])
+    again = parse_spec(yaml.safe_load(yaml.safe_dump(spec.resolved_document(), sort_keys=False)))
+    assert again.runs == spec.runs
+    assert again.runs[0].topology.host_bw == 50.0
+
+
+def test_set_overrides_fields_with_yaml_values():
+    spec = parse_spec({}, ["topology.spines=4", "job.workers=[h2, h3]", "job.model={name: vgg16}",
+                           "background=[{src: h1, dst: h4, rate_mbps: 20}]"])
+    run = spec.runs[0]
+    assert run.topology.spines == 4
+    assert run.config.worker_hosts == ["h2", "h3"]
+    assert run.job.model.name == "vgg16"
+    assert run.config.background[0].rate_mbps == 20.0 and run.config.background[0].proto == "tcp"
+
+
+@pytest.mark.parametrize("assignment,message", [
+    ("topology.spines", "--set topology.spines: expected key=value, e.g. topology.spines=4"),
+    ("topology.spine=3", "topology.spine: unknown field (did you mean spines?)"),
+    ("job.mode.x=1", "job.mode: 'allreduce' has no fields, so job.mode.x cannot be set"),
+    ("topology..spines=1", "topology..spines: 1 is not allowed (a dotted field name such as topology.spines)"),
+    ("controller.lb=[ecmp", "controller.lb: '[ecmp' is not allowed (a YAML value: while parsing a flow "
+                            "sequence)"),
+])
+def test_bad_set_is_a_spec_error(assignment, message):
+    with pytest.raises(SpecError) as error:
+        parse_spec({"job": {"mode": "allreduce"}}, [assignment])
+    assert str(error.value) == f"spec error: {message}"
+
+
+def test_matrix_value_wins_over_set():
+    spec = parse_spec({"matrix": {"lb": {"field": "controller.lb", "values": ["single"]}}}, ["controller.lb=spray"])
+    assert spec.base.controller.lb == "spray" and spec.runs[0].controller.lb == "single"
+
+
+@given(st.integers(min_value=-1000, max_value=1000))
+def test_set_spines_accepts_exactly_positive_integers(spines):
+    assignment = [f"topology.spines={spines}"]
+    if spines >= 1:
+        assert parse_spec({}, assignment).runs[0].topology.spines == spines
+    else:
+        with pytest.raises(SpecError, match=r"topology.spines: -?\d+ is not allowed"):
+            parse_spec({}, assignment)
+
+
+def test_topology_links_count_every_cable():
+    leafspine = topology_links(Topology(spines=2, leaves=3, hosts_per_leaf=2))
+    assert len(leafspine) == 3 * 2 + 3 * 2
+    assert frozenset({"h6", "leaf3"}) in leafspine and frozenset({"leaf3", "spine2"}) in leafspine
+    fattree = topology_links(Topology(kind="fattree", k=4))
+    assert len(fattree) == 16 + 16 + 16  # host-edge, edge-agg, agg-core for k=4
+    assert frozenset({"h16", "edge8"}) in fattree and frozenset({"agg8", "core4"}) in fattree
+
+
+def test_fault_on_fattree_link_is_valid():
+    spec = parse_spec({"topology": {"kind": "fattree", "k": 4},
+                       "faults": [{"kind": "loss", "link": "core1-agg1", "at_s": 0, "duration_s": 5,
+                                   "loss_percent": 1}]})
+    assert spec.runs[0].config.faults[0].loss_percent == 1.0
+    assert len(spec.runs[0].config.hosts) == 16
+
+
+@pytest.mark.parametrize("run_id,scheme", [
+    ("scheme=spray,mode=ps,rep=2", "scheme=spray"), ("mode=ps,rep=1", "base"), ("a=1,b=x,rep=3", "a=1,b=x")])
+def test_scheme_of_drops_rep_and_mode(run_id, scheme):
+    assert scheme_of(run_id) == scheme
+
+
+def test_unreadable_and_invalid_yaml_files(tmp_path):
+    with pytest.raises(SpecError, match="cannot be read"):
+        load_spec(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("topology: {spines: 2\n")
+    with pytest.raises(SpecError, match=r"bad.yaml: is not valid YAML"):
+        load_spec(bad)
+
+
+def test_fixture_spec_loads():
+    spec = load_spec(FIXTURES / "two_schemes.yaml")
+    assert len(spec.runs) == 8

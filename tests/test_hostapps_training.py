@@ -1,0 +1,178 @@
+"""End-to-end training: in-process jobs (threads) and real processes through the CLI."""
+import csv
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from hostapps.config import RunConfig
+from hostapps.profiles import resnet50
+from hostapps.records import ITERATION_COLUMNS, TENSOR_COLUMNS
+from hostapps.server import run_server
+from hostapps.worker import run_worker
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_job(addresses, workers, mode="allreduce", shards=0, **options):
+    """Run every process of a job as a thread; return the worker summaries by rank."""
+    addrs = addresses(workers + shards)
+    results, errors = {}, []
+
+    def run(role, rank):
+        cfg = RunConfig(role=role, rank=rank, workers=addrs[:workers], servers=addrs[workers:], mode=mode,
+                        timeout=10.0, **options)
+        try:
+            results[(role, rank)] = (run_worker if role == "worker" else run_server)(cfg)
+        except BaseException as e:
+            errors.append(e)
+    threads = [threading.Thread(target=run, args=("worker", r)) for r in range(workers)]
+    threads += [threading.Thread(target=run, args=("server", s)) for s in range(shards)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    return [results[("worker", r)] for r in range(workers)]
+
+
+def test_allreduce_ps_and_single_worker_reach_the_same_parameters(loopback_addresses):
+    options = dict(iterations=20, batch=32, eval_every=0, width=64, depth=2, momentum=0.5)
+    single = run_job(loopback_addresses, 1, **options)[0]["model"].params
+    allreduce = run_job(loopback_addresses, 4, **options)
+    ps = run_job(loopback_addresses, 4, "ps", 2, **options)
+    untrained = run_job(loopback_addresses, 1, **{**options, "iterations": 1})[0]["model"].params
+    assert np.abs(single - untrained).max() > 1e-2  # 20 iterations really moved the parameters
+    for result in allreduce + ps:
+        assert np.abs(result["model"].params - single).max() < 1e-4
+
+
+def test_mlp_reaches_90_percent_with_the_default_budget(loopback_addresses):
+    defaults = RunConfig(role="worker", rank=0, workers=[("127.0.0.1", 1)])
+    summary = run_job(loopback_addresses, 1)[0]
+    assert summary["iterations"] == defaults.iterations
+    assert summary["final_accuracy"] >= 0.90
+
+
+def test_conv_model_trains(loopback_addresses):
+    summary = run_job(loopback_addresses, 2, conv=4, width=32, depth=1, iterations=150, eval_every=0)[0]
+    assert summary["final_accuracy"] >= 0.85
+
+
+def test_profile_overlaps_communication_with_backprop(loopback_addresses):
+    # ResNet-50 at 1/1000 scale: 107 real tensors (~100 KB), ~15 ms of emulated compute per iteration.
+    summaries = run_job(loopback_addresses, 2, profile="resnet50", scale=0.001, iterations=3, eval_every=0)
+    recorder = summaries[0]["recorder"]
+    assert summaries[0]["param_count"] == sum(max(1, round(layer.params * 0.001)) for layer in resnet50())
+    sends = [m for m in recorder.messages if m[4] == "send" and m[0] == 1]
+    backward = [s for s in recorder.spans if s[0] == "backward 1"][0]
+    # Wait-free backprop: the first gradients go out before backward of that iteration ends.
+    assert min(m[6] for m in sends) < backward[3]
+
+
+def cli(*args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "hostapps", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def start(*args):
+    return subprocess.Popen([sys.executable, "-m", "hostapps", *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def peer_list(addresses):
+    return ",".join("%s:%d" % a for a in addresses)
+
+
+@pytest.mark.slow
+def test_cli_ps_job_writes_the_output_contract(loopback_addresses, tmp_path):
+    addrs = loopback_addresses(4)
+    common = ["--workers", peer_list(addrs[:2]), "--servers", peer_list(addrs[2:]), "--mode", "ps",
+              "--iterations", "12", "--batch", "32", "--eval-every", "5", "--timeout", "20"]
+    procs = [start("worker", "--rank", str(r), "--out", str(tmp_path / ("w%d" % r)), *common) for r in range(2)]
+    procs += [start("server", "--rank", str(s), "--out", str(tmp_path / ("s%d" % s)), *common) for s in range(2)]
+    outputs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, outputs
+    with open(tmp_path / "w1" / "iterations.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert tuple(rows[0]) == ITERATION_COLUMNS and len(rows) == 12
+    assert [r["test_accuracy"] != "" for r in rows] == [i in (4, 9, 11) for i in range(12)]
+    assert all(float(r["start_s"]) > 1e9 and float(r["end_s"]) >= float(r["start_s"]) for r in rows)
+    assert all(int(r["bytes_sent"]) > 0 and int(r["bytes_recv"]) > 0 for r in rows[:-1])
+    with open(tmp_path / "s0" / "iterations.csv") as f:
+        server_rows = list(csv.DictReader(f))
+    assert len(server_rows) == 12 and all(r["role"] == "server" and r["loss"] == "" for r in server_rows)
+    with open(tmp_path / "w0" / "tensors.csv") as f:
+        tensors = list(csv.DictReader(f))
+    assert tuple(tensors[0]) == TENSOR_COLUMNS
+    assert {t["direction"] for t in tensors} == {"send", "recv"} and {t["peer"] for t in tensors} == {"server0", "server1"}
+    summary = json.loads((tmp_path / "w0" / "summary.json").read_text())
+    assert summary["iterations"] == 12 and summary["bytes_per_iteration"] == 4 * summary["param_count"]
+    assert summary["final_accuracy"] == float(rows[-1]["test_accuracy"]) or abs(
+        summary["final_accuracy"] - float(rows[-1]["test_accuracy"])) < 1e-4
+    trace = json.loads((tmp_path / "w0" / "trace.json").read_text())
+    assert {e["cat"] for e in trace["traceEvents"]} >= {"compute", "comm"}
+    final = [np.load(tmp_path / ("w%d" % r) / "model.npz") for r in range(2)]
+    assert set(final[0].files) == {"fc1", "fc2", "out"}
+    assert all(np.array_equal(final[0][k], final[1][k]) for k in final[0].files)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["allreduce", "ps"])
+def test_missing_peer_makes_every_process_fail_within_the_timeout(loopback_addresses, mode):
+    addrs = loopback_addresses(4)
+    servers = ["--servers", peer_list(addrs[3:])] if mode == "ps" else []
+    workers = addrs[:3] if mode == "ps" else addrs
+    common = ["--workers", peer_list(workers), *servers, "--mode", mode, "--timeout", "3", "--iterations", "1000",
+              "--batch", "48"]
+    # allreduce: worker 3 never starts; ps: the only server never starts.
+    started = time.monotonic()
+    procs = [start("worker", "--rank", str(r), *common) for r in range(3)]
+    outputs = [p.communicate(timeout=30) for p in procs]
+    assert time.monotonic() - started < 15
+    for p, (out, err) in zip(procs, outputs):
+        assert p.returncode == 1, (out, err)
+        assert err.startswith("error: worker") and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_peer_dying_mid_run_fails_the_others(loopback_addresses):
+    addrs = loopback_addresses(3)
+    common = ["--workers", peer_list(addrs), "--timeout", "3", "--iterations", "100000", "--eval-every", "0",
+              "--batch", "48"]
+    procs = [start("worker", "--rank", str(r), *common) for r in range(3)]
+    time.sleep(2.5)
+    assert all(p.poll() is None for p in procs)
+    procs[1].kill()
+    started = time.monotonic()
+    outputs = [p.communicate(timeout=30) for p in (procs[0], procs[2])]
+    assert time.monotonic() - started < 10
+    for p, (out, err) in zip((procs[0], procs[2]), outputs):
+        assert p.returncode == 1
+        assert "worker1" in err or "closed the connection" in err, err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--mode", "foo"], "error: --mode: unknown mode 'foo' (allowed: allreduce, ps)"),
+    (["--profile", "alexnet"], "error: --profile: unknown profile 'alexnet' (allowed: bert_base, resnet50, vgg16)"),
+    (["--model", "rnn"], "error: --model: unknown model 'rnn' (allowed: mlp)"),
+    (["--world-size", "3"], "error: --world-size: 3 does not match the 2 addresses in --workers"),
+    (["--batch", "1"], "error: --batch: global batch 1 leaves workers with no data (2 workers)"),
+    (["--mode", "ps", "--servers", "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004"],
+     "error: --servers: 4 shards but the model has only 3 tensors, so shard 3 would hold no data"),
+    (["--workers", "nohost"], "error: --workers: bad address 'nohost' (expected host:port)"),
+])
+def test_bad_input_is_one_line_naming_the_argument(args, message):
+    base = {"--workers": "127.0.0.1:7101,127.0.0.1:7102"}
+    argv = ["worker", "--rank", "0"]
+    for key, value in base.items():
+        if key not in args:
+            argv += [key, value]
+    result = cli(*argv, *args, timeout=30)
+    assert result.returncode == 2
+    assert result.stderr == message + "\n"

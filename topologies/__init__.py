@@ -1,0 +1,1 @@
+"""Emulated datacenter fabrics: Mininet Topo classes and the node/link classes they carry."""

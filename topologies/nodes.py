@@ -1,0 +1,80 @@
+"""The switch and link classes a fabric Topo carries (`cls=`), so `mn --custom` needs no flags.
+
+Only the standard library and Mininet are imported: `mn` runs this under /usr/bin/python3.
+"""
+from __future__ import annotations
+
+import tempfile
+
+from mininet.link import Intf, Link
+from mininet.node import OVSSwitch
+from mininet.util import errRun
+
+from topologies.shaping import htb_priority_tree, offloads_off
+
+# Marks our bridges in OVSDB so clean-up removes ours and only ours.
+OWNER_KEY = "dnn-testbed"
+DEFAULT_QUEUE_BYTES = 256 * 1024
+
+
+class OVSUserSwitch(OVSSwitch):
+    """Userspace Open vSwitch (this kernel has no openvswitch module) speaking OpenFlow 1.3 and 1.5
+    (1.5 for group selection methods that hash UDP ports)."""
+
+    def __init__(self, name: str, **params):
+        params.setdefault("datapath", "user")
+        params.setdefault("protocols", "OpenFlow13,OpenFlow15")
+        params.setdefault("failMode", "secure")
+        super().__init__(name, **params)
+
+    def start(self, controllers) -> None:
+        super().start(controllers)
+        self.vsctl(f"-- br-set-external-id {self.name} {OWNER_KEY} 1")
+        if not self.batch:
+            self.reshape()
+
+    @classmethod
+    def batchStartup(cls, switches, run=errRun):
+        started = super().batchStartup(switches, run)
+        for switch in switches:
+            switch.reshape()
+        return started
+
+    def reshape(self) -> None:
+        """OVS resets the root qdisc of a port it adds: shape the ports again once they are in."""
+        for intf in self.intfList():
+            if isinstance(intf, ShapedIntf):
+                intf.shape()
+
+
+class ShapedIntf(Intf):
+    """A veth end with offloads off and its egress shaped by the 8-class priority tree.
+
+    Both ends are shaped: a switch port queues like a real switch's, and a host's end is its NIC,
+    which must cap what a host sends (a parameter server may not push n links' worth at once)."""
+
+    def config(self, bw: float | None = None, queue_bytes: int = DEFAULT_QUEUE_BYTES,
+               **params) -> dict:
+        result = super().config(**params)
+        self.cmd(offloads_off(self.name))
+        self.bw, self.queue_bytes = bw, queue_bytes
+        self.shape()
+        return result
+
+    def shape(self) -> None:
+        if self.bw is not None:
+            with tempfile.NamedTemporaryFile("w", prefix="tc-", suffix=".batch") as batch:
+                batch.write("\n".join(htb_priority_tree(self.name, self.bw, self.queue_bytes)) + "\n")
+                batch.flush()
+                out = self.cmd(f"tc -batch {batch.name} 2>&1")
+            if "rror" in out or "RTNETLINK" in out:
+                raise RuntimeError(f"tc on {self.name} failed: {out.strip()}")
+
+
+class FabricLink(Link):
+    """A veth link at `bw` Mbit/s with the shaping of ShapedIntf on both ends."""
+
+    def __init__(self, node1, node2, bw: float | None = None,
+                 queue_bytes: int = DEFAULT_QUEUE_BYTES, **params):
+        super().__init__(node1, node2, cls1=ShapedIntf, cls2=ShapedIntf,
+                         bw=bw, queue_bytes=queue_bytes, **params)
