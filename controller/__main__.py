@@ -16,8 +16,10 @@ from controller.routing import LB_MODES
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    """True when something listens on host:port (a plain bind, no SO_REUSEPORT, fails then)."""
+    """True when something listens on host:port. SO_REUSEADDR lets the bind succeed over
+    TIME_WAIT leftovers; without SO_REUSEPORT it still fails on a live listener."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as err:

@@ -36,14 +36,17 @@ class FlowClass:
                              "proto, sport, dport)")
         for name in ("src", "dst"):
             try:
-                ipaddress.IPv4Address(data.get(name))
-            except (ipaddress.AddressValueError, ValueError, TypeError):
-                raise ValueError(f"{name}: {data.get(name)!r} is not allowed (an IPv4 address)")
+                if not isinstance(data.get(name), str):
+                    raise ValueError
+                ipaddress.IPv4Address(data[name])
+            except ValueError:
+                raise ValueError(f"{name}: {data.get(name)!r} is not allowed "
+                                 "(an IPv4 address such as \"10.0.0.1\")") from None
         dscp = data.get("dscp")
         if isinstance(dscp, bool) or not isinstance(dscp, int) or not 0 <= dscp <= 63:
             raise ValueError(f"dscp: {dscp!r} is not allowed (an integer 0..63)")
         proto = data.get("proto")
-        if proto is not None and proto not in PROTOCOLS:
+        if proto is not None and (not isinstance(proto, str) or proto not in PROTOCOLS):
             raise ValueError(f"proto: {proto!r} is not allowed (tcp or udp)")
         for name in ("sport", "dport"):
             port = data.get(name)

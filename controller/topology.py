@@ -67,10 +67,11 @@ class FabricView:
         return changed
 
     def delete_port(self, dpid: int, port: int) -> bool:
-        changed = self.set_port(dpid, port, "", False)
-        if dpid in self.switches:
-            self.switches[dpid].ports.pop(port, None)
-        return changed
+        if port not in getattr(self.switches.get(dpid), "ports", {}):
+            return False
+        self.set_port(dpid, port, "", False)
+        del self.switches[dpid].ports[port]
+        return True
 
     def port_up(self, dpid: int, port: int) -> bool:
         switch = self.switches.get(dpid)

@@ -72,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = args.out or RESULTS_DIR / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     from experiments.runner import run_experiment  # the network side: Mininet, OVS, Ryu
-    run_experiment(spec, out, args.resume)
-    return 0
+    failed = run_experiment(spec, out, args.resume)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

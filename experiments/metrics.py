@@ -110,13 +110,21 @@ def per_run(table: pd.DataFrame, metric: Callable[[pd.DataFrame], float]) -> pd.
     return table.groupby("run_id").apply(metric)
 
 
+def training_window(samples: pd.DataFrame, iterations: pd.DataFrame) -> pd.DataFrame:
+    """The samples (a time_s column) from the workers' first iteration start to their last end:
+    the host apps' start-up (imports, connections) keeps the CPU busy but is not the emulation."""
+    workers = iterations[iterations["role"] == "worker"]
+    return samples[(samples["time_s"] >= workers["start_s"].min()) & (samples["time_s"] <= workers["end_s"].max())]
+
+
 def run_metrics(iterations: pd.DataFrame, tensors: pd.DataFrame, summaries: pd.DataFrame,
                 cpu: pd.DataFrame, *, mode: str, workers: int, servers: int, batch: int,
                 host_bw_mbps: float, target_accuracy: float) -> dict[str, float | bool]:
     """The metric columns of one run's runs.csv row, all but speedup_vs_baseline.
 
     iterations/tensors: the run's rows of the combined CSVs; summaries: one row per host-app
-    process with role and the summary.json fields; cpu: cpu.csv. batch is the global batch.
+    process with role and the summary.json fields; cpu: cpu.csv (only its samples during training
+    count). batch is the global batch.
     """
     iter_times = iteration_times_s(iterations)
     iter_mean = float(iter_times.mean()) if len(iter_times) else math.nan
@@ -124,7 +132,7 @@ def run_metrics(iterations: pd.DataFrame, tensors: pd.DataFrame, summaries: pd.D
     worker_summaries = summaries[summaries["role"] == "worker"]
     model_bytes = float(worker_summaries["bytes_per_iteration"].iloc[0]) if len(worker_summaries) else math.nan
     comm_bound = comm_lower_bound_s(mode, model_bytes, host_bw_mbps, workers, servers)
-    cpu_mean = float(cpu["cpu_util"].mean()) if len(cpu) else math.nan
+    cpu_mean = float(training_window(cpu, iterations)["cpu_util"].mean())
     return {
         "iter_time_mean_s": iter_mean,
         "iter_time_p50_s": float(iter_times.quantile(0.5)) if len(iter_times) else math.nan,

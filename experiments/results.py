@@ -9,6 +9,10 @@ aggregated from them.
     OUT/runs/<run_id>/run.json     the run's config, start/end, status (write_run_record)
     OUT/runs/<run_id>/ports.csv, port_rates.csv, cpu.csv          controller and runner
     OUT/runs/<run_id>/<host>-<role><rank>/iterations.csv, tensors.csv, summary.json  host apps
+        (and model.npz, trace.json; stdout.log, stderr.log: the process's output)
+    OUT/runs/<run_id>/flow<i>-<src>-<dst>.log     iperf3 output of background flows
+    OUT/fabrics/<first run_id>/    controller log and port statistics of a fabric, shared by
+                                   consecutive runs of one topology and load balancing
 """
 from __future__ import annotations
 

@@ -16,7 +16,11 @@ from hostapps.worker import run_worker
 def main(argv: list[str]) -> int:
     try:
         cfg = config_from_args(argv)
-        summary = (run_worker if cfg.role == "worker" else run_server)(cfg)
+        if cfg.role == "worker":
+            # One line per iteration: the experiment runner follows a job's progress in this log.
+            summary = run_worker(cfg, lambda done: print("iteration %d/%d" % (done, cfg.iterations), flush=True))
+        else:
+            summary = run_server(cfg)
     except ConfigError as e:
         print("error: %s" % e, file=sys.stderr, flush=True)
         return 2

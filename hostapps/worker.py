@@ -8,6 +8,7 @@ pulled from its parameter-server shard).
 import os
 import threading
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -166,8 +167,9 @@ def write_model(path: str, model: FlatModel) -> None:
     np.savez(path, **{layer.name: model.layer_params(i) for i, layer in enumerate(model.layers)})
 
 
-def run_worker(cfg: RunConfig) -> dict:
-    """Train for cfg.iterations; write the --out files; return the summary (and the model under 'model')."""
+def run_worker(cfg: RunConfig, on_iteration: Callable[[int], None] | None = None) -> dict:
+    """Train for cfg.iterations; write the --out files; return the summary (and the model under 'model').
+    on_iteration(done) is called after each iteration (the CLI reports progress with it)."""
     wall_start = time.time()
     model = build_model(cfg)
     split = load_split(cfg.seed) if isinstance(model, Network) else None
@@ -195,6 +197,8 @@ def run_worker(cfg: RunConfig) -> dict:
                 sync.wait_all(it)
                 accuracy = model.accuracy(split.x_test, split.y_test)
             recorder.add_iteration(it, start, end, wait_s, loss, accuracy)
+            if on_iteration is not None:
+                on_iteration(it + 1)
         sync.close()
     except BaseException as e:
         transport.abort()

@@ -28,6 +28,7 @@ from topologies.nodes import DEFAULT_QUEUE_BYTES, FabricLink, OVSUserSwitch  # n
 
 MAX_HOSTS = (1 << 24) - 2  # host addresses in 10.0.0.0/8
 LEAF_DPID, SPINE_DPID, AGG_DPID = 0x1000, 0x2000, 0x3000
+MAX_PER_TIER = 0xFFF  # switches of one tier, so the DPID ranges never meet
 
 
 class TopologyError(ValueError):
@@ -78,6 +79,9 @@ class LeafSpineTopo(FabricTopo):
               fabric_bw: float = 100, queue_bytes: int = DEFAULT_QUEUE_BYTES) -> None:
         spines = _positive_int("spines", spines)
         leaves = _positive_int("leaves", leaves)
+        for name, count in (("spines", spines), ("leaves", leaves)):
+            if count > MAX_PER_TIER:
+                raise TopologyError(f"{name}: {count} is not allowed (at most {MAX_PER_TIER})")
         hosts = _positive_int("hosts", hosts)
         host_bw = _positive_rate("host_bw", host_bw)
         fabric_bw = _positive_rate("fabric_bw", fabric_bw)
@@ -106,8 +110,9 @@ class FatTreeTopo(FabricTopo):
         bw = _positive_rate("bw", bw)
         queue_bytes = _positive_int("queue_bytes", queue_bytes, minimum=1514)
         half = k // 2
-        if k * half * half > MAX_HOSTS:
-            raise TopologyError(f"k: {k} gives more hosts than the {MAX_HOSTS} addresses")
+        if k * half > MAX_PER_TIER:
+            raise TopologyError(f"k: {k} is not allowed (at most 90: k*k/2 edge switches "
+                                f"must fit in {MAX_PER_TIER} DPIDs)")
         cores = [self._fabric_switch(f"core{c}", SPINE_DPID + c) for c in range(1, half * half + 1)]
         host_n = 0
         for pod in range(k):

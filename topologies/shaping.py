@@ -25,7 +25,7 @@ def htb_priority_tree(dev: str, rate_mbit: float, queue_bytes: int) -> list[str]
 
     rate_mbit: the link rate; queue_bytes: the byte limit of each class's FIFO.
     """
-    if rate_mbit <= 0:
+    if not rate_mbit > 0:  # also refuses NaN
         raise ValueError(f"rate_mbit: {rate_mbit} is not allowed (a rate > 0 in Mbit/s)")
     if queue_bytes < 1514:
         raise ValueError(f"queue_bytes: {queue_bytes} is not allowed (at least one MTU, 1514)")

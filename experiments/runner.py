@@ -1,0 +1,294 @@
+"""The experiment runner: every run of a spec on the emulated fabric, then the tidy CSVs, plots and
+summary of the results directory (experiments/results.py describes its layout).
+
+One fabric (Mininet network plus controller) serves consecutive runs with the same topology, load
+balancing and statistics interval: building and checking one takes several seconds, a run often
+less. The controller appends port statistics to the fabric's own CSV (OUT/fabrics/<first run>/
+ports.csv) for its whole life; a run's ports.csv is the slice of it from the last poll before the
+run started to the first poll after it ended.
+
+A run: background flows and faults on a schedule from the job's start (experiments/
+disturbances.py), parameter-server shards first, then the workers, all in their hosts with their
+stdout/stderr in their process directories; the CPU of the machine sampled meanwhile. It fails
+when a process exits non-zero, the job outlives RUN_TIMEOUT_S, a disturbance cannot be applied or
+the controller logs an exception; the next run goes on. Ctrl-C or SIGTERM stops everything the
+runner started and keeps the finished runs for --resume.
+"""
+from __future__ import annotations
+
+import csv
+import fcntl
+import itertools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+from mininet.log import setLogLevel
+
+from experiments import plots, summary
+from experiments.disturbances import Schedule, disturbances_of, host_popen
+from experiments.progress import Progress
+from experiments.results import (CPU_COLUMNS, PORT_COLUMNS, PORT_RATE_COLUMNS, aggregate,
+                                 completed_run_ids, process_dir, read_run_record, run_dir,
+                                 start_output, write_run_record)
+from experiments.spec import Run, Spec, Topology
+from topologies.cleanup import LOCK_FILE, REPO, STATE_DIR, clean_stale
+from topologies.fabric import Fabric, FabricError, _kill_group, ensure_ovs
+
+WORKER_PORT = 7000
+SERVER_PORT = 7100
+PEER_TIMEOUT_S = 30.0   # host apps fail when a peer stays silent this long
+RUN_TIMEOUT_S = 600.0   # a job still running after this is killed and its run failed
+CPU_SAMPLE_S = 0.5
+POLL_S = 0.2
+
+
+@dataclass
+class JobProcess:
+    name: str  # <host>-<role><rank>, its process directory's name
+    popen: subprocess.Popen
+    stdout: Path
+    stderr: Path
+
+
+def run_experiment(spec: Spec, out_dir: Path, resume: bool) -> int:
+    """Run the spec's runs not yet finished in out_dir; return how many runs failed."""
+    if os.geteuid() != 0:
+        sys.exit("run: the runner needs root (Mininet, Open vSwitch): run it with sudo")
+    try:
+        out = start_output(out_dir, spec, resume)
+    except ValueError as error:
+        sys.exit(f"run: {error}")
+    ensure_ovs()
+    setLogLevel("warning")  # Mininet's pingall and start-up chatter would break the progress bars
+    clean_leftovers()
+    finished = completed_run_ids(out) if resume else set()
+    signal.signal(signal.SIGTERM, _interrupt)
+    print(f"{spec.name}: {len(spec.runs)} runs into {out}", file=sys.stderr)
+    try:
+        with Progress(len(spec.runs)) as progress:
+            for _ in finished:
+                progress.end_run("skipped")
+            pending = [run for run in spec.runs if run.run_id not in finished]
+            for _, runs in itertools.groupby(pending, _fabric_key):
+                run_on_fabric(out, list(runs), progress)
+    except KeyboardInterrupt:
+        sys.exit(f"run: interrupted; the finished runs are kept, continue with --resume --out {out}")
+    aggregate(out)
+    plots.plot_all(out)
+    print(summary.write_summary(out))
+    records = [read_run_record(out, run.run_id) for run in spec.runs]
+    return sum(1 for record in records if record and record["status"] == "failed")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # unwinds like Ctrl-C: the fabric and the runs' processes stop
+
+
+def clean_leftovers() -> None:
+    """Remove what a killed fabric or runner of ours left (under the fabric lock, as the fabric
+    does), saying what it was: results next to stale processes would not be trustworthy."""
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(LOCK_FILE, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print("run: another fabric is running; waiting for it", file=sys.stderr)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        for line in clean_stale():
+            print(f"run: stale fabric: {line}", file=sys.stderr)
+
+
+def _fabric_key(run: Run) -> tuple:
+    """Runs with equal keys can share a fabric."""
+    return run.topology, run.controller.lb, run.controller.stats_interval_s
+
+
+def _topo_params(topology: Topology) -> dict:
+    if topology.kind == "fattree":
+        return {"k": topology.k, "bw": topology.host_bw}
+    return {"spines": topology.spines, "leaves": topology.leaves, "hosts": topology.hosts_per_leaf,
+            "host_bw": topology.host_bw, "fabric_bw": topology.fabric_bw}
+
+
+def run_on_fabric(out: Path, runs: list[Run], progress: Progress) -> None:
+    """Runs sharing one fabric. When the fabric fails, so do its runs not yet recorded."""
+    first = runs[0]
+    workdir = out / "fabrics" / first.run_id
+    if workdir.exists():
+        shutil.rmtree(workdir)  # a resumed attempt's leftovers
+    stats_csv = workdir / "ports.csv"
+    recorded: list[str] = []
+    try:
+        with Fabric(first.topology.kind, _topo_params(first.topology), lb=first.controller.lb,
+                    workdir=workdir, stats_csv=stats_csv,
+                    stats_interval=first.controller.stats_interval_s) as fab:
+            fab.wait_reachable()
+            rates = port_rates(fab)
+            for run in runs:
+                progress.start_run(run.run_id, run.job.iterations)
+                status = run_once(fab, out, run, rates, stats_csv, progress)
+                recorded.append(run.run_id)
+                progress.end_run(status)
+    except (FabricError, OSError) as error:
+        now = time.time()
+        for run in runs:
+            if run.run_id not in recorded:
+                run_dir(out, run.run_id).mkdir(parents=True, exist_ok=True)
+                write_run_record(out, run, "failed", now, now, error=f"fabric: {error}")
+                progress.end_run("failed")
+
+
+def port_rates(fab: Fabric) -> pd.DataFrame:
+    """port_rates.csv rows: every switch port with its peer, configured rate and tier."""
+    switches = {switch.name for switch in fab.net.switches}
+    rows = []
+    for link in fab.net.links:
+        for here, there in ((link.intf1, link.intf2), (link.intf2, link.intf1)):
+            if here.node.name in switches:
+                tier = "fabric" if there.node.name in switches else "host"
+                rows.append([here.node.name, here.node.ports[here], there.node.name, here.bw, tier])
+    return pd.DataFrame(rows, columns=PORT_RATE_COLUMNS)
+
+
+def run_once(fab: Fabric, out: Path, run: Run, rates: pd.DataFrame, stats_csv: Path,
+             progress: Progress) -> str:
+    """One run on a ready fabric: its records in runs/<run_id>/; returns its status."""
+    path = run_dir(out, run.run_id)
+    if path.exists():
+        shutil.rmtree(path)  # an interrupted or failed earlier attempt
+    path.mkdir(parents=True)
+    known_problems = len(fab.controller_problems())
+    schedule = Schedule(disturbances_of(fab, run.config, path))
+    processes: list[JobProcess] = []
+    start_s = time.time()
+    try:
+        with CpuSampler(path / "cpu.csv"):
+            processes = launch_job(fab, out, run)
+            schedule.start()
+            error = wait_job(processes, progress)
+    finally:
+        schedule.stop()
+        for process in processes:
+            _kill_group(process.popen)
+    end_s = time.time()
+    problems = fab.controller_problems()[known_problems:]
+    error = "; ".join(filter(None, [error, *schedule.errors,
+                                    *(f"controller: {line}" for line in problems[:1])]))
+    rates.to_csv(path / "port_rates.csv", index=False)
+    write_port_slice(stats_csv, path / "ports.csv", start_s, end_s, run.controller.stats_interval_s)
+    status = "failed" if error else "ok"
+    write_run_record(out, run, status, start_s, end_s, error=error)
+    return status
+
+
+def launch_job(fab: Fabric, out: Path, run: Run) -> list[JobProcess]:
+    """The job's host apps, parameter-server shards first so the workers find them listening."""
+    config, job = run.config, run.job
+    ip = {host: fab.host(host).IP() for host in config.hosts}
+    workers = ",".join(f"{ip[host]}:{WORKER_PORT}" for host in config.worker_hosts)
+    servers = ",".join(f"{ip[host]}:{SERVER_PORT}" for host in config.server_hosts)
+    model = job.model
+    model_args = (["--model", "mlp", "--width", str(model.width), "--depth", str(model.depth)]
+                  if model.name == "mlp" else
+                  ["--profile", model.name, "--scale", str(model.scale),
+                   "--link-mbps", str(config.topology.host_bw)])
+    common = ["--workers", workers, *(["--servers", servers] if servers else []), "--mode", job.mode,
+              *model_args, "--iterations", str(job.iterations), "--batch", str(job.batch),
+              "--lr", str(job.lr), "--seed", str(job.seed), "--transport", job.transport,
+              "--timeout", str(PEER_TIMEOUT_S), "--eval-every", str(job.eval_every)]
+    roles = [("server", rank, host) for rank, host in enumerate(config.server_hosts)]
+    roles += [("worker", rank, host) for rank, host in enumerate(config.worker_hosts)]
+    processes = []
+    for role, rank, host in roles:
+        directory = process_dir(out, run.run_id, host, role, rank)
+        directory.mkdir(parents=True)
+        stdout, stderr = directory / "stdout.log", directory / "stderr.log"
+        with open(stdout, "w") as out_file, open(stderr, "w") as err_file:
+            argv = [sys.executable, "-m", "hostapps", role, "--rank", str(rank), "--out", str(directory),
+                    *common]
+            popen = host_popen(fab, host, argv, cwd=REPO, stdout=out_file, stderr=err_file)
+        processes.append(JobProcess(directory.name, popen, stdout, stderr))
+    return processes
+
+
+def wait_job(processes: list[JobProcess], progress: Progress) -> str:
+    """Wait for the job; '' when every process exited 0, else what went wrong first. The rank-0
+    worker's stdout (one line per finished iteration) drives the progress display."""
+    rank0 = next(process for process in processes if process.name.endswith("-worker0"))
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while True:
+        progress.iteration(rank0.stdout.read_text().count("iteration "))
+        codes = [process.popen.poll() for process in processes]
+        for process, code in zip(processes, codes):
+            if code:
+                lines = process.stderr.read_text().strip().splitlines()
+                return f"{process.name} exited with status {code}: {lines[-1] if lines else 'no output'}"
+        if all(code == 0 for code in codes):
+            return ""
+        if time.monotonic() > deadline:
+            running = [process.name for process, code in zip(processes, codes) if code is None]
+            return f"timeout: {', '.join(running)} still running after {RUN_TIMEOUT_S:.0f} s"
+        time.sleep(POLL_S)
+
+
+def write_port_slice(stats_csv: Path, path: Path, start_s: float, end_s: float,
+                     interval_s: float) -> None:
+    """The run's rows of the fabric's port statistics: from the last poll before start_s to the
+    first after end_s (waiting up to two intervals for that poll)."""
+    deadline = time.monotonic() + 2 * interval_s
+    while True:
+        ports = pd.read_csv(stats_csv) if stats_csv.exists() else pd.DataFrame(columns=PORT_COLUMNS)
+        ports = ports.dropna()  # a row the controller is writing right now
+        if (ports["time_s"] >= end_s).any() or time.monotonic() > deadline:
+            break
+        time.sleep(POLL_S)
+    before = ports.loc[ports["time_s"] < start_s, "time_s"]
+    after = ports.loc[ports["time_s"] >= end_s, "time_s"]
+    first = before.max() if len(before) else start_s
+    last = after.min() if len(after) else end_s
+    ports[(ports["time_s"] >= first) & (ports["time_s"] <= last)][PORT_COLUMNS].to_csv(path, index=False)
+
+
+class CpuSampler:
+    """cpu.csv: the whole machine's CPU utilization (0..1) from /proc/stat every CPU_SAMPLE_S."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @staticmethod
+    def _times() -> tuple[int, int]:
+        """(busy, total) jiffies since boot, over all CPUs."""
+        fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + fields[4]  # idle + iowait
+        total = sum(fields[:8])  # user..steal; guest time is already in user
+        return total - idle, total
+
+    def _run(self) -> None:
+        with open(self.path, "w", newline="") as file:
+            writer = csv.writer(file)
+            writer.writerow(CPU_COLUMNS)
+            busy, total = self._times()
+            while not self._stop.wait(CPU_SAMPLE_S):
+                now_busy, now_total = self._times()
+                if now_total > total:
+                    writer.writerow([f"{time.time():.3f}", f"{(now_busy - busy) / (now_total - total):.4f}"])
+                    file.flush()
+                busy, total = now_busy, now_total

@@ -1,0 +1,63 @@
+"""Shared pieces of the fabric integration tests: building a fabric, counters, iperf3."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+from topologies.fabric import Fabric
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = str(REPO / ".venv" / "bin" / "python")
+SPRAYER = str(REPO / "tests" / "udp_sprayer.py")
+LB_MODES = ["ecmp", "spray", "single"]
+
+
+def make_fabric(tmp_path_factory, kind: str, params: dict, lb: str):
+    """A fixture body: a reachable fabric whose controller log must stay free of errors."""
+    workdir = tmp_path_factory.mktemp(f"{kind}-{lb}")
+    fab = Fabric(kind, params, lb=lb, workdir=workdir, stats_csv=workdir / "ports.csv",
+                 stats_interval=0.5)
+    with fab:
+        fab.wait_reachable(timeout=60)
+        yield fab
+        problems = fab.controller_problems()
+        assert problems == [], f"controller log has errors: {problems}"
+
+
+def port_counters(switch: str, port: int) -> dict[str, int]:
+    """Live OpenFlow port counters (OVSDB's statistics column lags by up to 5 s)."""
+    out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", "dump-ports", switch, str(port)],
+                         capture_output=True, text=True, check=True).stdout
+    rx = re.search(r"rx pkts=(\d+), bytes=(\d+)", out).groups()
+    tx = re.search(r"tx pkts=(\d+), bytes=(\d+)", out).groups()
+    return {"rx_packets": int(rx[0]), "rx_bytes": int(rx[1]),
+            "tx_packets": int(tx[0]), "tx_bytes": int(tx[1])}
+
+
+def spine_rx(fab: Fabric, leaf: int, counter: str = "rx_packets") -> dict[str, int]:
+    """What each spine received from leaf `leaf` (spine port j faces leaf j)."""
+    spines = [s for s in fab.topo.switches() if s.startswith("spine")]
+    return {s: port_counters(s, leaf)[counter] for s in spines}
+
+
+def delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {k: after[k] - before[k] for k in after}
+
+
+def iperf(fab: Fabric, src: str, dst: str, port: int, seconds: float, *extra: str):
+    """Start an iperf3 server on dst and a client on src; returns the client process."""
+    server = fab.popen(dst, ["iperf3", "-s", "-1", "-p", str(port)])
+    time.sleep(0.5)
+    client = fab.popen(src, ["iperf3", "-c", fab.host(dst).IP(), "-p", str(port), "-t",
+                             str(seconds), "-J", *extra])
+    return server, client
+
+
+def goodput_mbps(client) -> float:
+    out, err = client.communicate(timeout=60)
+    result = json.loads(out)
+    assert "error" not in result, result["error"]
+    return result["end"]["sum_received"]["bits_per_second"] / 1e6

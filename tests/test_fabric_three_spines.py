@@ -1,0 +1,192 @@
+"""Integration tests on a non-square fabric (3 spines, 2 leaves of 2 hosts, 50 Mbit/s host
+links) in each LB mode: load balancing, priority classes, link failures, statistics."""
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+
+import pytest
+
+from fabric_tools import (LB_MODES, PYTHON, SPRAYER, delta, goodput_mbps, iperf,
+                                make_fabric, spine_rx)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module", params=LB_MODES)
+def three_spines(request, tmp_path_factory):
+    yield from make_fabric(tmp_path_factory, "leafspine",
+                           {"spines": 3, "leaves": 2, "hosts": 2, "host_bw": 50,
+                            "fabric_bw": 100}, request.param)
+
+
+# -- reachability -------------------------------------------------------------------------------
+def test_pingall(three_spines):
+    assert three_spines.net.pingAll(timeout=1) == 0
+
+
+def test_controller_sees_the_fabric(three_spines):
+    seen = three_spines.rest("/fabric")
+    assert seen["lb"] == three_spines.lb
+    assert sorted(s["name"] for s in seen["switches"]) == \
+        ["leaf1", "leaf2", "spine1", "spine2", "spine3"]
+    assert len(seen["links"]) == 6
+    assert {h["ip"] for h in seen["hosts"]} == {f"10.0.0.{n}" for n in range(1, 5)}
+    groups = three_spines.rest("/fabric/groups")
+    if three_spines.lb == "single":
+        assert groups["leaf1"] == []
+    else:
+        (group,) = groups["leaf1"]
+        assert group["ports"] == [3, 4, 5]
+        assert group["selection_method"] == ("dp_hash" if three_spines.lb == "spray" else "default")
+        dump = subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", "dump-groups", "leaf1"],
+                              capture_output=True, text=True, check=True).stdout
+        if three_spines.lb == "spray":
+            assert "selection_method=dp_hash" in dump
+        assert dump.count("bucket=") == 3
+
+
+# -- load balancing -----------------------------------------------------------------------------
+def test_ecmp_spreads_tcp_flows_and_keeps_each_on_one_path(three_spines):
+    if three_spines.lb != "ecmp":
+        pytest.skip("ECMP behaviour")
+    before = spine_rx(three_spines, 1, "rx_bytes")
+    _, client = iperf(three_spines, "h1", "h3", 5201, 3, "-P", "16")
+    assert goodput_mbps(client) > 30
+    share = delta(spine_rx(three_spines, 1, "rx_bytes"), before)
+    total = sum(share.values())
+    print("16 TCP flows, bytes per spine:", {s: round(b / total, 3) for s, b in share.items()})
+    assert all(b / total > 0.05 for b in share.values()), share
+
+    before = spine_rx(three_spines, 1, "rx_bytes")
+    _, client = iperf(three_spines, "h2", "h4", 5202, 2)
+    goodput_mbps(client)
+    single = delta(spine_rx(three_spines, 1, "rx_bytes"), before)
+    print("1 TCP flow, bytes per spine:", single)
+    assert max(single.values()) / sum(single.values()) > 0.97, single
+
+
+def test_spray_splits_one_udp_sender_per_packet(three_spines):
+    if three_spines.lb != "spray":
+        pytest.skip("spraying behaviour")
+    count = 3000
+    before = spine_rx(three_spines, 1)
+    sender = three_spines.popen("h1", [PYTHON, SPRAYER, "10.0.0.3", "9999", str(count),
+                                       "--random-sport"])
+    assert sender.wait(30) == 0, sender.stderr.read()
+    time.sleep(0.3)
+    share = delta(spine_rx(three_spines, 1), before)
+    total = sum(share.values())
+    print("sprayed UDP, packets per spine:", {s: round(p / total, 3) for s, p in share.items()})
+    assert total >= count
+    assert all(abs(p / total - 1 / 3) <= 0.10 for p in share.values()), share
+
+    before = spine_rx(three_spines, 1)
+    sender = three_spines.popen("h1", [PYTHON, SPRAYER, "10.0.0.3", "9999", "1000"])
+    assert sender.wait(30) == 0
+    time.sleep(0.3)
+    fixed = delta(spine_rx(three_spines, 1), before)
+    print("fixed 5-tuple UDP, packets per spine:", fixed)
+    assert max(fixed.values()) >= 1000 and sum(fixed.values()) - max(fixed.values()) < 20, fixed
+    # No slow-path trip per packet: the datapath holds a handful of flows, not one per port.
+    flows = subprocess.run(["ovs-appctl", "dpctl/dump-flows", "-m"], capture_output=True,
+                           text=True).stdout
+    assert flows.count("udp") < 100, f"{flows.count('udp')} UDP datapath flows"
+
+
+def test_single_uses_one_path_per_destination(three_spines):
+    if three_spines.lb != "single":
+        pytest.skip("single-path behaviour")
+    before = spine_rx(three_spines, 1)
+    sender = three_spines.popen("h1", [PYTHON, SPRAYER, "10.0.0.3", "9999", "1000",
+                                       "--random-sport"])
+    assert sender.wait(30) == 0
+    time.sleep(0.3)
+    used = delta(spine_rx(three_spines, 1), before)
+    assert sum(used.values()) - max(used.values()) < 20, used
+
+
+# -- priority -----------------------------------------------------------------------------------
+def test_cs5_marked_by_host_beats_unmarked(three_spines):
+    """Two senders into one 50 Mbit/s host port; the CS5 one must get >= 80% of it."""
+    if three_spines.lb != "ecmp":
+        pytest.skip("one LB mode is enough")
+    _, bulk = iperf(three_spines, "h2", "h3", 5301, 5)
+    time.sleep(0.5)
+    _, marked = iperf(three_spines, "h1", "h3", 5302, 4, "--dscp", "40")  # CS5
+    marked_mbps, bulk_mbps = goodput_mbps(marked), goodput_mbps(bulk)
+    print(f"host-marked CS5 {marked_mbps:.1f} Mbit/s, unmarked {bulk_mbps:.1f} Mbit/s")
+    assert marked_mbps >= 0.8 * 50
+
+
+def test_controller_marks_a_flow(three_spines):
+    """The controller's DSCP API: an unmarked flow marked CS5 at its ingress switch wins."""
+    if three_spines.lb != "spray":
+        pytest.skip("one LB mode is enough")
+    flow = {"src": "10.0.0.1", "dst": "10.0.0.3", "proto": "tcp", "dport": 5402, "dscp": 40}
+    classes = three_spines.rest("/fabric/classes", "POST", {"flows": [flow]})
+    assert classes == [{**flow, "switch": "leaf1"}]
+    dump = subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", "dump-flows", "leaf1", "table=0"],
+                          capture_output=True, text=True, check=True).stdout
+    assert "set_field:40->ip_dscp" in dump or "mod_nw_tos:160" in dump, dump
+    _, bulk = iperf(three_spines, "h2", "h3", 5401, 5)
+    time.sleep(0.5)
+    _, marked = iperf(three_spines, "h1", "h3", 5402, 4)
+    marked_mbps, bulk_mbps = goodput_mbps(marked), goodput_mbps(bulk)
+    print(f"controller-marked CS5 {marked_mbps:.1f} Mbit/s, unmarked {bulk_mbps:.1f} Mbit/s")
+    assert marked_mbps >= 0.8 * 50
+    assert three_spines.rest("/fabric/classes", "DELETE", {}) == []
+
+
+# -- failures -----------------------------------------------------------------------------------
+def test_link_down_loses_at_most_a_second(three_spines):
+    """Ping h1 -> h3 every 20 ms and take down the uplink the ping uses; then bring it back."""
+    if three_spines.lb != "single":
+        pytest.skip("the controller's reaction matters most without multipath")
+    used = None
+    before = spine_rx(three_spines, 1)
+    three_spines.host("h1").cmd("ping -c 20 -i 0.02 -q 10.0.0.3")
+    used = max(delta(spine_rx(three_spines, 1), before).items(), key=lambda kv: kv[1])[0]
+    ping = three_spines.popen("h1", ["ping", "-i", "0.02", "-w", "4", "10.0.0.3"], text=True)
+    time.sleep(1.5)
+    three_spines.set_link("leaf1", used, up=False)
+    out, _ = ping.communicate(timeout=15)
+    sent, received = map(int, re.search(r"(\d+) packets transmitted, (\d+) received", out).groups())
+    lost_s = (sent - received) * 0.02
+    print(f"link leaf1-{used} down: lost {sent - received} of {sent} pings ({lost_s:.2f} s)")
+    assert lost_s <= 1.0
+    links = three_spines.rest("/fabric")["links"]
+    assert len(links) == 5
+    three_spines.set_link("leaf1", used, up=True)
+    deadline = time.monotonic() + 5
+    while len(three_spines.rest("/fabric")["links"]) != 6:
+        assert time.monotonic() < deadline, "link not rediscovered within 5 s"
+        time.sleep(0.1)
+    assert three_spines.net.pingAll(timeout=1) == 0
+
+
+def test_ecmp_group_drops_a_dead_bucket(three_spines):
+    if three_spines.lb != "ecmp":
+        pytest.skip("groups exist in ecmp/spray")
+    three_spines.set_link("leaf1", "spine2", up=False)
+    deadline = time.monotonic() + 1.0
+    while three_spines.rest("/fabric/groups")["leaf1"][0]["ports"] != [3, 5]:
+        assert time.monotonic() < deadline, "spine2 still in leaf1's group after 1 s"
+        time.sleep(0.05)
+    three_spines.set_link("leaf1", "spine2", up=True)
+    deadline = time.monotonic() + 5
+    while three_spines.rest("/fabric/groups")["leaf1"][0]["ports"] != [3, 4, 5]:
+        assert time.monotonic() < deadline, "spine2 not back in leaf1's group after 5 s"
+        time.sleep(0.1)
+    assert three_spines.net.pingAll(timeout=1) == 0
+
+
+def test_port_statistics_csv(three_spines):
+    if three_spines.lb != "ecmp":
+        pytest.skip("one LB mode is enough")
+    time.sleep(1.2)
+    lines = (three_spines.workdir / "ports.csv").read_text().splitlines()
+    assert lines[0] == "time_s,switch,port,tx_bytes,rx_bytes,tx_packets,rx_packets,tx_dropped,rx_dropped"
+    switches = {line.split(",")[1] for line in lines[1:]}
+    assert switches == {"leaf1", "leaf2", "spine1", "spine2", "spine3"}

@@ -1,0 +1,206 @@
+"""Leaf-spine and fat-tree Topos (built as graphs only, no network) and the HTB shaping lines."""
+import math
+import re
+
+import pytest
+
+from topologies.leafspine import FatTreeTopo, LeafSpineTopo, TopologyError
+from topologies.nodes import DEFAULT_QUEUE_BYTES, FabricLink, OVSUserSwitch
+from topologies.shaping import class_id, htb_priority_tree
+
+
+def ports_of(topo):
+    """node -> {port: peer node}, from the links' port1/port2."""
+    ports = {}
+    for _, _, info in topo.links(withInfo=True):
+        for me, peer, port in (("node1", "node2", "port1"), ("node2", "node1", "port2")):
+            assert info[port] not in ports.setdefault(info[me], {}), f"{info[me]} port reused"
+            ports[info[me]][info[port]] = info[peer]
+    return ports
+
+
+def dpids(topo):
+    return {s: int(topo.nodeInfo(s)["dpid"], 16) for s in topo.switches()}
+
+
+def check_common(topo, hosts: int):
+    """Switch classes and DPID strings, links' classes/rates, hosts h1..hN with their addresses."""
+    for s in topo.switches():
+        info = topo.nodeInfo(s)
+        assert info["cls"] is OVSUserSwitch
+        assert re.fullmatch(r"[0-9a-f]{16}", info["dpid"]), info["dpid"]
+    assert len(set(dpids(topo).values())) == len(topo.switches()), "DPIDs are distinct"
+    assert topo.hosts() == [f"h{n}" for n in range(1, hosts + 1)]
+    for n in range(1, hosts + 1):
+        info = topo.nodeInfo(f"h{n}")
+        assert info["ip"] == f"10.0.{n >> 8}.{n & 0xFF}/8"
+        assert info["mac"] == f"00:00:00:00:{n >> 8:02x}:{n & 0xFF:02x}"
+    for src, dst, info in topo.links(withInfo=True):
+        assert info["cls"] is FabricLink
+        assert info["bw"] > 0 and info["queue_bytes"] >= 1514
+        assert topo.linkInfo(src, dst) == info
+
+
+# -- leaf-spine -------------------------------------------------------------------------------
+@pytest.mark.parametrize("spines, leaves, hosts", [(2, 2, 2), (3, 4, 1), (1, 1, 3), (4, 2, 3)])
+def test_leaf_spine_shape(spines, leaves, hosts):
+    topo = LeafSpineTopo(spines=spines, leaves=leaves, hosts=hosts, host_bw=50, fabric_bw=200)
+    check_common(topo, leaves * hosts)
+    assert sorted(topo.switches()) == sorted(
+        [f"spine{s}" for s in range(1, spines + 1)] + [f"leaf{l}" for l in range(1, leaves + 1)])
+    assert len(topo.links()) == leaves * hosts + leaves * spines
+    ids = dpids(topo)
+    ports = ports_of(topo)
+    for s in range(1, spines + 1):
+        assert ids[f"spine{s}"] == 0x2000 + s
+        assert ports[f"spine{s}"] == {l: f"leaf{l}" for l in range(1, leaves + 1)}
+    for leaf in range(1, leaves + 1):
+        assert ids[f"leaf{leaf}"] == 0x1000 + leaf
+        expected = {p: f"h{(leaf - 1) * hosts + p}" for p in range(1, hosts + 1)}
+        expected.update({hosts + s: f"spine{s}" for s in range(1, spines + 1)})
+        assert ports[f"leaf{leaf}"] == expected, "hosts leaf-major, then uplinks"
+    for n in range(1, leaves * hosts + 1):
+        assert list(ports[f"h{n}"]) == [0]
+    for _, _, info in topo.links(withInfo=True):
+        host_link = info["node1"].startswith("h") or info["node2"].startswith("h")
+        assert info["bw"] == (50 if host_link else 200)
+        assert info["queue_bytes"] == DEFAULT_QUEUE_BYTES
+
+
+def test_leaf_spine_defaults_and_queue_bytes():
+    topo = LeafSpineTopo(queue_bytes=100_000)
+    assert len(topo.switches()) == 4 and len(topo.hosts()) == 4 and len(topo.links()) == 8
+    assert {info["queue_bytes"] for _, _, info in topo.links(withInfo=True)} == {100_000}
+    assert {info["bw"] for _, _, info in topo.links(withInfo=True)} == {100.0}
+
+
+def test_addresses_past_255_hosts():
+    topo = LeafSpineTopo(spines=1, leaves=1, hosts=300)
+    check_common(topo, 300)
+    assert topo.nodeInfo("h256")["ip"] == "10.0.1.0/8"
+    assert topo.nodeInfo("h300")["mac"] == "00:00:00:00:01:2c"
+
+
+def test_many_leaves_are_refused_or_keep_distinct_dpids():
+    try:
+        topo = LeafSpineTopo(spines=1, leaves=4097, hosts=1)
+    except TopologyError as err:
+        assert str(err).startswith("leaves: ")
+        return
+    assert len(set(dpids(topo).values())) == len(topo.switches())
+
+
+# -- fat-tree ---------------------------------------------------------------------------------
+def test_fat_tree_k4():
+    topo = FatTreeTopo(k=4, bw=40)
+    check_common(topo, 16)
+    assert len(topo.switches()) == 20 and len(topo.hosts()) == 16 and len(topo.links()) == 48
+    names = set(topo.switches())
+    assert names == ({f"core{c}" for c in range(1, 5)} | {f"agg{a}" for a in range(1, 9)}
+                     | {f"edge{e}" for e in range(1, 9)})
+    ids = dpids(topo)
+    ports = ports_of(topo)
+    for c in range(1, 5):
+        assert ids[f"core{c}"] == 0x2000 + c
+        # core port pod+1 faces an aggregation switch of that pod: agg (c-1)//2+1 of it.
+        assert ports[f"core{c}"] == {pod + 1: f"agg{pod * 2 + (c - 1) // 2 + 1}" for pod in range(4)}
+    for i in range(1, 9):
+        first = (i - 1) // 2 * 2 + 1  # the first edge/agg of its pod
+        assert ids[f"agg{i}"] == 0x3000 + i and ids[f"edge{i}"] == 0x1000 + i
+        assert ports[f"edge{i}"] == {1: f"h{2 * i - 1}", 2: f"h{2 * i}",
+                                     3: f"agg{first}", 4: f"agg{first + 1}"}
+        a = i - first  # 0 or 1 within its pod
+        assert ports[f"agg{i}"] == {1: f"edge{first}", 2: f"edge{first + 1}",
+                                    3: f"core{2 * a + 1}", 4: f"core{2 * a + 2}"}
+    assert {info["bw"] for _, _, info in topo.links(withInfo=True)} == {40.0}
+
+
+@pytest.mark.parametrize("k", [2, 6])
+def test_fat_tree_sizes(k):
+    topo = FatTreeTopo(k=k)
+    check_common(topo, k ** 3 // 4)
+    assert len(topo.switches()) == 5 * k * k // 4
+    assert len(topo.links()) == 3 * k ** 3 // 4
+    assert all(sorted(p) == list(range(1, k + 1))
+               for node, p in ports_of(topo).items() if not node.startswith("h"))
+
+
+# -- bad parameters ---------------------------------------------------------------------------
+@pytest.mark.parametrize("cls, params, name", [
+    (LeafSpineTopo, {"spines": 0}, "spines"),
+    (LeafSpineTopo, {"spines": True}, "spines"),
+    (LeafSpineTopo, {"spines": 2.0}, "spines"),
+    (LeafSpineTopo, {"leaves": -1}, "leaves"),
+    (LeafSpineTopo, {"leaves": "2"}, "leaves"),
+    (LeafSpineTopo, {"hosts": -1}, "hosts"),
+    (LeafSpineTopo, {"hosts": False}, "hosts"),
+    (LeafSpineTopo, {"hosts": 1 << 23, "leaves": 3}, "hosts"),
+    (LeafSpineTopo, {"host_bw": -5}, "host_bw"),
+    (LeafSpineTopo, {"host_bw": True}, "host_bw"),
+    (LeafSpineTopo, {"host_bw": float("nan")}, "host_bw"),
+    (LeafSpineTopo, {"fabric_bw": 0}, "fabric_bw"),
+    (LeafSpineTopo, {"fabric_bw": "100"}, "fabric_bw"),
+    (LeafSpineTopo, {"queue_bytes": 1513}, "queue_bytes"),
+    (FatTreeTopo, {"k": 3}, "k"),
+    (FatTreeTopo, {"k": 0}, "k"),
+    (FatTreeTopo, {"k": True}, "k"),
+    (FatTreeTopo, {"k": 4.0}, "k"),
+    (FatTreeTopo, {"bw": 0}, "bw"),
+    (FatTreeTopo, {"bw": -1.5}, "bw"),
+    (FatTreeTopo, {"queue_bytes": 0}, "queue_bytes"),
+])
+def test_bad_parameters_name_themselves(cls, params, name):
+    with pytest.raises(TopologyError) as err:
+        cls(**params)
+    assert str(err.value).startswith(f"{name}: "), str(err.value)
+    assert isinstance(err.value, ValueError)
+
+
+# -- shaping ----------------------------------------------------------------------------------
+def test_htb_priority_tree():
+    lines = htb_priority_tree("leaf1-eth3", 100, 65536)
+    assert len(lines) == 2 + 8 * 3
+    assert lines[0] == "qdisc replace dev leaf1-eth3 root handle 1: htb default 17"
+    assert lines[1].startswith("class replace dev leaf1-eth3 parent 1: classid 1:1 htb ")
+    assert "rate 100mbit ceil 100mbit" in lines[1]
+    for line in lines:
+        assert " dev leaf1-eth3 " in line
+        if " htb " in line and line.startswith("class"):
+            assert "burst 64k cburst 64k" in line and "quantum 1514" in line
+    classes = [l for l in lines if l.startswith("class ") and "parent 1:1 " in l]
+    fifos = [l for l in lines if l.startswith("qdisc ") and "bfifo" in l]
+    filters = [l for l in lines if l.startswith("filter ")]
+    assert len(classes) == len(fifos) == len(filters) == 8
+    for cs in range(8):
+        cid = class_id(cs)
+        assert cid == f"1:{0x10 + cs:x}"
+        (cls,) = [l for l in classes if f"classid {cid} " in l]
+        assert f"prio {7 - cs} " in cls, "CS7 is served first (prio 0), CS0 last (prio 7)"
+        assert "rate 1000kbit ceil 100mbit" in cls, "a 1% floor, the link as ceiling"
+        (fifo,) = [l for l in fifos if f"parent {cid} " in l]
+        assert fifo.endswith("bfifo limit 65536")
+        (flt,) = [l for l in filters if l.endswith(f"flowid {cid}")]
+        assert f"u32 match ip tos 0x{cs << 5:02x} 0xe0 " in flt
+        assert "protocol ip" in flt
+    tos = sorted(re.search(r"tos (0x[0-9a-f]{2}) 0xe0", f).group(1) for f in filters)
+    assert tos == ["0x00", "0x20", "0x40", "0x60", "0x80", "0xa0", "0xc0", "0xe0"]
+    assert len({l.split(" handle ")[1].split()[0] for l in filters}) == 8, "distinct filter handles"
+
+
+@pytest.mark.parametrize("rate, ceil, floor", [(2.5, "2.5mbit", "25kbit"), (0.5, "0.5mbit", "8kbit"),
+                                              (1000, "1000mbit", "10000kbit")])
+def test_htb_rates(rate, ceil, floor):
+    lines = htb_priority_tree("h1-eth0", rate, 1514)
+    assert f"rate {ceil} ceil {ceil}" in lines[1]
+    assert all(f"rate {floor} ceil {ceil}" in l for l in lines if "parent 1:1 " in l)
+
+
+@pytest.mark.parametrize("rate, queue, name", [
+    (0, 65536, "rate_mbit"), (-1, 65536, "rate_mbit"), (100, 1513, "queue_bytes"),
+    (100, 0, "queue_bytes"),
+    (math.nan, 65536, "rate_mbit"),
+])
+def test_htb_bad_inputs(rate, queue, name):
+    with pytest.raises(ValueError) as err:
+        htb_priority_tree("h1-eth0", rate, queue)
+    assert str(err.value).startswith(f"{name}: ")

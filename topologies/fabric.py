@@ -1,0 +1,260 @@
+"""The fabric: a Mininet network of one of our Topos plus our controller, started and torn down
+as one unit. Tests, benchmarks and the experiment runner all use it:
+
+    with Fabric("leafspine", {"spines": 2, "leaves": 2, "hosts": 2}, lb="spray") as fab:
+        fab.wait_reachable()
+        proc = fab.popen("h1", ["iperf3", "-s"])
+
+Only one fabric runs per machine (one ovs-vswitchd, fixed switch names): a lock serializes them.
+Whatever a fabric starts is recorded in a state file first, so `make clean-net`
+(topologies/cleanup.py) can remove it even after this process was killed.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from mininet.net import Mininet
+from mininet.node import RemoteController
+
+from topologies.cleanup import LOCK_FILE, REPO, STATE_DIR, STATE_FILE, clean_stale, clean_state
+from topologies.leafspine import TopologyError, topos
+
+VENV_PYTHON = REPO / ".venv" / "bin" / "python"
+_running: "Fabric | None" = None  # the fabric this process runs (the lock is per machine)
+
+
+class FabricError(RuntimeError):
+    """The fabric could not be built or did not come up; the message says what and why."""
+
+
+def ensure_ovs() -> None:
+    """Start Open vSwitch when it is not running (nothing starts it on a fresh machine)."""
+    if subprocess.run(["ovs-vsctl", "--timeout=3", "show"], capture_output=True).returncode == 0:
+        return
+    start = subprocess.run(["/usr/share/openvswitch/scripts/ovs-ctl", "start",
+                            "--system-id=random"], capture_output=True, text=True)
+    if start.returncode != 0:
+        raise FabricError(f"could not start Open vSwitch: {start.stderr.strip()[-300:]}")
+
+
+def controller_python() -> str:
+    return str(VENV_PYTHON) if VENV_PYTHON.exists() else sys.executable
+
+
+class Fabric:
+    def __init__(self, kind: str = "leafspine", params: dict | None = None, lb: str = "ecmp",
+                 ofp_port: int = 6653, rest_port: int = 8080, workdir: str | Path | None = None,
+                 stats_csv: str | Path | None = None, stats_interval: float = 1.0,
+                 lock_timeout: float = 600.0) -> None:
+        if kind not in topos:
+            raise TopologyError(f"kind: {kind!r} is not allowed (one of {', '.join(topos)})")
+        self.topo = topos[kind](**(params or {}))  # validates the parameters
+        self.kind, self.params, self.lb = kind, dict(params or {}), lb
+        self.ofp_port, self.rest_port = ofp_port, rest_port
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="fabric-", dir="/var/tmp"))
+        self.stats_csv, self.stats_interval = stats_csv, stats_interval
+        self.lock_timeout = lock_timeout
+        self.net: Mininet | None = None
+        self.controller: subprocess.Popen | None = None
+        self.processes: list[subprocess.Popen] = []
+        self._lock = None
+
+    # -- life cycle ---------------------------------------------------------------------------
+    def __enter__(self) -> "Fabric":
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        if os.geteuid() != 0:
+            raise FabricError("the fabric needs root (Mininet, Open vSwitch): run with sudo")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._acquire_lock()
+        clean_stale()  # a previous fabric that was killed: its lock is free, its leftovers not
+        ensure_ovs()
+        self._write_state()
+        self._start_controller()
+        self.net = Mininet(topo=self.topo, controller=None, autoSetMacs=False, autoStaticArp=False,
+                           build=False)
+        self.net.addController("c0", controller=RemoteController, ip="127.0.0.1",
+                               port=self.ofp_port)
+        self.net.build()
+        self._write_state()
+        self.net.start()
+        self.wait_fabric()
+
+    def stop(self) -> None:
+        """Tear down everything this fabric started; safe to call twice or after a failure."""
+        for proc in self.processes:
+            _kill_group(proc)
+        self.processes.clear()
+        if self.net is not None:
+            net, self.net = self.net, None
+            try:
+                net.stop()
+            except Exception as err:  # keep tearing down; clean-up catches what is left
+                print(f"fabric: mininet stop failed: {err}", file=sys.stderr)
+        if self.controller is not None:
+            _kill_group(self.controller)
+            self.controller = None
+        clean_state()
+        self._release_lock()
+
+    def _acquire_lock(self) -> None:
+        global _running
+        if _running is not None:
+            raise FabricError("this process already runs a fabric: stop it before starting another")
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        self._lock = open(LOCK_FILE, "w")
+        deadline = time.monotonic() + self.lock_timeout
+        while True:
+            try:
+                fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                _running = self
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise FabricError("another fabric is running on this machine (lock "
+                                      f"{LOCK_FILE}); wait for it or run `make clean-net`")
+                time.sleep(0.5)
+
+    def _release_lock(self) -> None:
+        global _running
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+        if _running is self:
+            _running = None
+
+    def _write_state(self) -> None:
+        """Record what we started before it exists, so a killed run can be cleaned up."""
+        state = {
+            "owner_pid": os.getpid(),
+            "controller_pid": self.controller.pid if self.controller else None,
+            "process_pids": [p.pid for p in self.processes],
+            "switches": list(self.topo.switches()),
+            "host_pids": [h.pid for h in self.net.hosts] if self.net else [],
+        }
+        tmp = STATE_FILE.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state))
+        tmp.replace(STATE_FILE)
+
+    def _start_controller(self) -> None:
+        cmd = [controller_python(), "-m", "controller", "--lb", self.lb,
+               "--ofp-port", str(self.ofp_port), "--rest-port", str(self.rest_port),
+               "--log-file", str(self.controller_log), "--stats-interval", str(self.stats_interval)]
+        if self.stats_csv:
+            cmd += ["--stats-csv", str(self.stats_csv)]
+        err = open(self.workdir / "controller.stderr", "w")
+        self.controller = subprocess.Popen(cmd, cwd=REPO, stdout=err, stderr=subprocess.STDOUT,
+                                           start_new_session=True)
+        self._write_state()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.controller.poll() is not None:
+                raise FabricError("controller exited: " +
+                                  (self.workdir / "controller.stderr").read_text().strip()[-500:])
+            try:
+                self.rest("/fabric")
+                return
+            except OSError:
+                time.sleep(0.2)
+        raise FabricError(f"controller REST did not answer on 127.0.0.1:{self.rest_port} in 20 s")
+
+    @property
+    def controller_log(self) -> Path:
+        return self.workdir / "controller.log"
+
+    # -- readiness ----------------------------------------------------------------------------
+    def wait_fabric(self, timeout: float = 30.0) -> None:
+        """Wait until the controller knows every switch and every switch-to-switch link."""
+        switches = set(self.topo.switches())
+        want_links = sum(1 for a, b in self.topo.links() if a in switches and b in switches)
+        deadline = time.monotonic() + timeout
+        seen = {}
+        while time.monotonic() < deadline:
+            seen = self.rest("/fabric")
+            if len(seen["switches"]) == len(switches) and len(seen["links"]) == want_links:
+                return
+            time.sleep(0.2)
+        raise FabricError(f"controller saw {len(seen.get('switches', []))}/{len(switches)} "
+                          f"switches and {len(seen.get('links', []))}/{want_links} links "
+                          f"after {timeout:.0f} s (log: {self.controller_log})")
+
+    def wait_reachable(self, timeout: float = 60.0) -> None:
+        """Wait until every host reaches every other (the controller learns hosts from ARP)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            loss = self.net.pingAll(timeout=1)
+            if loss == 0:
+                return
+            if time.monotonic() > deadline:
+                raise FabricError(f"hosts still unreachable after {timeout:.0f} s "
+                                  f"({loss:.0f}% ping loss; log: {self.controller_log})")
+
+    # -- using it -----------------------------------------------------------------------------
+    def host(self, name: str):
+        return self.net.get(name)
+
+    @property
+    def hosts(self) -> list:
+        return self.net.hosts
+
+    def popen(self, host: str, cmd: list[str], **kwargs) -> subprocess.Popen:
+        """Start a process inside a host; it is killed when the fabric stops. (Mininet's
+        `mnexec -d` makes it a session leader; do not pass start_new_session: mnexec then forks
+        and the Popen would only see the parent exit at once.)"""
+        proc = self.host(host).popen(cmd, **kwargs)
+        self.processes.append(proc)
+        self._write_state()
+        return proc
+
+    def rest(self, path: str, method: str = "GET", body: dict | None = None) -> dict | list:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(f"http://127.0.0.1:{self.rest_port}{path}", data=data,
+                                     method=method, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return json.loads(resp.read())
+
+    def controller_problems(self) -> list[str]:
+        """Exceptions and OpenFlow errors in the controller log (there must be none)."""
+        if not self.controller_log.exists():
+            return []
+        return [line for line in self.controller_log.read_text().splitlines()
+                if "Traceback" in line or "OpenFlow error" in line or "Exception" in line]
+
+    def set_link(self, a: str, b: str, up: bool) -> None:
+        self.net.configLinkStatus(a, b, "up" if up else "down")
+
+
+def _kill_group(proc: subprocess.Popen, grace: float = 3.0) -> None:
+    """SIGTERM the process group, then SIGKILL what is left after `grace` seconds."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
