@@ -1,3 +1,6 @@
+import fcntl
+import os
+
 import pytest
 
 from hostapps.transport import free_loopback_addresses
@@ -16,10 +19,30 @@ def loopback_addresses():
 
 def pytest_collection_modifyitems(config, items):
     """Integration tests build real networks: they need root (CI runs as root)."""
-    import os
     if os.geteuid() == 0:
         return
     skip = pytest.mark.skip(reason="integration test: needs root (Mininet, Open vSwitch)")
     for item in items:
         if "integration" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_of_ours_left(request):
+    """After the suite no bridge, veth, Mininet host, controller or host app of ours remains."""
+    yield
+    if os.geteuid() != 0 or not any("integration" in item.keywords
+                                    for item in request.session.items):
+        return
+    from topologies.cleanup import (LOCK_FILE, mininet_host_shells, our_bridges,
+                                    our_interfaces, our_processes)
+
+    with open(LOCK_FILE, "w") as lock:
+        try:  # another process's fabric (a concurrent run) is not a leftover of ours
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return
+        left = {"bridges": our_bridges(), "interfaces": our_interfaces(),
+                "mininet hosts": mininet_host_shells(),
+                "processes": our_processes(exclude={os.getpid(), os.getppid()})}
+    assert not any(left.values()), f"left behind after the suite: {left}"

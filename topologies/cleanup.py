@@ -74,6 +74,19 @@ def our_processes(exclude: set[int]) -> list[int]:
     return pids
 
 
+def mininet_host_shells() -> list[int]:
+    """Live `bash ... mininet:NAME` host shells (zombies of dead ones do not count)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and b"mininet:" in (proc / "cmdline").read_bytes() \
+                    and not _zombie(int(proc.name)):
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
 def our_bridges() -> list[str]:
     out = subprocess.run(["ovs-vsctl", "--timeout=5", "list-br"], capture_output=True, text=True)
     bridges = []

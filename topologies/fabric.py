@@ -54,7 +54,9 @@ class Fabric:
     def __init__(self, kind: str = "leafspine", params: dict | None = None, lb: str = "ecmp",
                  ofp_port: int = 6653, rest_port: int = 8080, workdir: str | Path | None = None,
                  stats_csv: str | Path | None = None, stats_interval: float = 1.0,
-                 lock_timeout: float = 600.0) -> None:
+                 lock_timeout: float = 600.0, own_controller: bool = True) -> None:
+        """own_controller=False: use a controller already listening on ofp_port/rest_port
+        (and leave it running), as a user re-running `mn` against one controller does."""
         if kind not in topos:
             raise TopologyError(f"kind: {kind!r} is not allowed (one of {', '.join(topos)})")
         self.topo = topos[kind](**(params or {}))  # validates the parameters
@@ -63,6 +65,7 @@ class Fabric:
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="fabric-", dir="/var/tmp"))
         self.stats_csv, self.stats_interval = stats_csv, stats_interval
         self.lock_timeout = lock_timeout
+        self.own_controller = own_controller
         self.net: Mininet | None = None
         self.controller: subprocess.Popen | None = None
         self.processes: list[subprocess.Popen] = []
@@ -88,7 +91,8 @@ class Fabric:
         clean_stale()  # a previous fabric that was killed: its lock is free, its leftovers not
         ensure_ovs()
         self._write_state()
-        self._start_controller()
+        if self.own_controller:
+            self._start_controller()
         self.net = Mininet(topo=self.topo, controller=None, autoSetMacs=False, autoStaticArp=False,
                            build=False)
         self.net.addController("c0", controller=RemoteController, ip="127.0.0.1",
