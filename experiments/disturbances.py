@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from experiments.spec import Fault, Flow, RunConfig
-from topologies.fabric import Fabric, _kill_group
+from topologies.fabric import Fabric, kill_group
 from topologies.shaping import htb_priority_tree
 
 IPERF_PORT = 5201  # flow i's iperf3 servers listen on IPERF_PORT + 10*i + source index
@@ -81,13 +81,6 @@ class Schedule:
         self._active.clear()
 
 
-def host_popen(fab: Fabric, host: str, argv: list[str], **kwargs) -> subprocess.Popen:
-    """fab.popen without a new session: Mininet runs `mnexec -d`, which calls setsid() itself, but
-    first forks (the Popen's process exiting 0 at once) if it already leads a process group, as it
-    does with start_new_session=True. Without, the Popen is the process, alone in its session."""
-    return fab.popen(host, argv, start_new_session=False, **kwargs)
-
-
 def _checked(node_or_intf, command: str) -> None:
     """Run a shell command in a node's namespace; raise with its output when it fails."""
     output = node_or_intf.cmd(f"{command} 2>&1; echo exit=$?")
@@ -117,7 +110,7 @@ def _iperf_actions(fab: Fabric, flow: Flow, source: str, port: int,
 
     def start() -> None:
         with open(log, "w") as output:
-            processes.append(host_popen(fab, flow.dst, ["iperf3", "-s", "-1", "-p", str(port)],
+            processes.append(fab.popen(flow.dst, ["iperf3", "-s", "-1", "-p", str(port)],
                                        stdout=output, stderr=subprocess.STDOUT))
             time.sleep(0.1)  # the server's listening socket, before the client connects
             client = ["iperf3", "-c", fab.host(flow.dst).IP(), "-p", str(port),
@@ -126,11 +119,11 @@ def _iperf_actions(fab: Fabric, flow: Flow, source: str, port: int,
                 client += ["-u", "-b", f"{flow.rate_mbps:g}M"]  # 0: unlimited
             elif flow.rate_mbps:
                 client += ["-b", f"{flow.rate_mbps:g}M"]
-            processes.append(host_popen(fab, source, client, stdout=output, stderr=subprocess.STDOUT))
+            processes.append(fab.popen(source, client, stdout=output, stderr=subprocess.STDOUT))
 
     def stop() -> None:
         for process in processes:
-            _kill_group(process)
+            kill_group(process)
         processes.clear()
 
     return start, stop

@@ -17,7 +17,6 @@ runner started and keeps the finished runs for --resume.
 from __future__ import annotations
 
 import csv
-import fcntl
 import itertools
 import os
 import shutil
@@ -33,14 +32,14 @@ import pandas as pd
 from mininet.log import setLogLevel
 
 from experiments import plots, summary
-from experiments.disturbances import Schedule, disturbances_of, host_popen
+from experiments.disturbances import Schedule, disturbances_of
 from experiments.progress import Progress
 from experiments.results import (CPU_COLUMNS, PORT_COLUMNS, PORT_RATE_COLUMNS, aggregate,
                                  completed_run_ids, process_dir, read_run_record, run_dir,
                                  start_output, write_run_record)
 from experiments.spec import Run, Spec, Topology
-from topologies.cleanup import LOCK_FILE, REPO, STATE_DIR, clean_stale
-from topologies.fabric import Fabric, FabricError, _kill_group, ensure_ovs
+from topologies.cleanup import REPO
+from topologies.fabric import Fabric, FabricError, kill_group, ensure_ovs
 
 WORKER_PORT = 7000
 SERVER_PORT = 7100
@@ -68,7 +67,6 @@ def run_experiment(spec: Spec, out_dir: Path, resume: bool) -> int:
         sys.exit(f"run: {error}")
     ensure_ovs()
     setLogLevel("warning")  # Mininet's pingall and start-up chatter would break the progress bars
-    clean_leftovers()
     finished = completed_run_ids(out) if resume else set()
     signal.signal(signal.SIGTERM, _interrupt)
     print(f"{spec.name}: {len(spec.runs)} runs into {out}", file=sys.stderr)
@@ -90,20 +88,6 @@ def run_experiment(spec: Spec, out_dir: Path, resume: bool) -> int:
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # unwinds like Ctrl-C: the fabric and the runs' processes stop
-
-
-def clean_leftovers() -> None:
-    """Remove what a killed fabric or runner of ours left (under the fabric lock, as the fabric
-    does), saying what it was: results next to stale processes would not be trustworthy."""
-    STATE_DIR.mkdir(parents=True, exist_ok=True)
-    with open(LOCK_FILE, "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print("run: another fabric is running; waiting for it", file=sys.stderr)
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        for line in clean_stale():
-            print(f"run: stale fabric: {line}", file=sys.stderr)
 
 
 def _fabric_key(run: Run) -> tuple:
@@ -130,6 +114,8 @@ def run_on_fabric(out: Path, runs: list[Run], progress: Progress) -> None:
         with Fabric(first.topology.kind, _topo_params(first.topology), lb=first.controller.lb,
                     workdir=workdir, stats_csv=stats_csv,
                     stats_interval=first.controller.stats_interval_s) as fab:
+            for line in fab.cleaned:
+                print(f"run: removed a stale fabric's leftover: {line}", file=sys.stderr)
             fab.wait_reachable()
             rates = port_rates(fab)
             for run in runs:
@@ -177,7 +163,7 @@ def run_once(fab: Fabric, out: Path, run: Run, rates: pd.DataFrame, stats_csv: P
     finally:
         schedule.stop()
         for process in processes:
-            _kill_group(process.popen)
+            kill_group(process.popen)
     end_s = time.time()
     problems = fab.controller_problems()[known_problems:]
     error = "; ".join(filter(None, [error, *schedule.errors,
@@ -214,7 +200,7 @@ def launch_job(fab: Fabric, out: Path, run: Run) -> list[JobProcess]:
         with open(stdout, "w") as out_file, open(stderr, "w") as err_file:
             argv = [sys.executable, "-m", "hostapps", role, "--rank", str(rank), "--out", str(directory),
                     *common]
-            popen = host_popen(fab, host, argv, cwd=REPO, stdout=out_file, stderr=err_file)
+            popen = fab.popen(host, argv, cwd=REPO, stdout=out_file, stderr=err_file)
         processes.append(JobProcess(directory.name, popen, stdout, stderr))
     return processes
 

@@ -1,8 +1,8 @@
 """Remove every leftover of ours, and only ours: `make clean-net` (python -m topologies.cleanup).
 
 Ours means: what the fabric state file records (controller, host shells, host processes), OVS
-bridges carrying our external id, the veths of our switches, and `python -m controller` /
-`python -m hostapps` processes started from this repo. Unlike `mn -c`, other bridges, other
+bridges carrying our external id, the veths of our switches, nftables tables named dnntb*, and
+`python -m controller|hostapps|experiments` processes started from this repo. Unlike `mn -c`, other bridges, other
 controllers and the system temp folder are left alone.
 """
 from __future__ import annotations
@@ -109,8 +109,18 @@ def clean_state() -> None:
     STATE_FILE.unlink(missing_ok=True)
 
 
-def clean_stale(verbose: bool = False) -> list[str]:
-    """Remove what a killed fabric left behind (call with the fabric lock held)."""
+def our_nft_tables() -> list[tuple[str, str]]:
+    """(family, name) of root-namespace nftables tables of ours (the runner's loss faults)."""
+    out = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+    return [(family, name) for family, name in re.findall(r"^table (\S+) (dnntb\S*)$", out, re.M)]
+
+
+def clean_stale(strays: bool = False, verbose: bool = False) -> list[str]:
+    """Remove what a killed fabric left behind (call with the fabric lock held).
+
+    strays: also kill `python -m controller|hostapps|experiments` processes started from this
+    repo that no state file records; only for `make clean-net`, since a fabric starting up must
+    not kill a live runner or test of ours that merely sits between two fabrics."""
     done = []
     if STATE_FILE.exists():
         try:
@@ -122,15 +132,19 @@ def clean_stale(verbose: bool = False) -> list[str]:
         if _kill(pids):
             done.append(f"killed {len(pids)} recorded processes")
         STATE_FILE.unlink(missing_ok=True)
-    strays = _kill(our_processes(exclude={os.getpid(), os.getppid()}))
     if strays:
-        done.append(f"killed stray processes {strays}")
+        killed = _kill(our_processes(exclude={os.getpid(), os.getppid()}))
+        if killed:
+            done.append(f"killed stray processes {killed}")
     for br in our_bridges():
         subprocess.run(["ovs-vsctl", "--timeout=5", "del-br", br], capture_output=True)
         done.append(f"deleted bridge {br}")
     for intf in our_interfaces():
         subprocess.run(["ip", "link", "del", intf], capture_output=True)
         done.append(f"deleted interface {intf}")
+    for family, name in our_nft_tables():
+        subprocess.run(["nft", "delete", "table", family, name], capture_output=True)
+        done.append(f"deleted nftables table {family} {name}")
     if verbose:
         print("\n".join(done) or "nothing of ours was left")
     return done
@@ -151,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
             if not args.force:
                 sys.exit("error: a fabric is running right now (it holds "
                          f"{LOCK_FILE}); stop it, or use --force")
-        clean_stale(verbose=True)
+        clean_stale(strays=True, verbose=True)
 
 
 if __name__ == "__main__":

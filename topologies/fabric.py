@@ -69,6 +69,7 @@ class Fabric:
         self.net: Mininet | None = None
         self.controller: subprocess.Popen | None = None
         self.processes: list[subprocess.Popen] = []
+        self.cleaned: list[str] = []  # what start() removed of a killed fabric, for the caller to say
         self._lock = None
 
     # -- life cycle ---------------------------------------------------------------------------
@@ -88,7 +89,8 @@ class Fabric:
             raise FabricError("the fabric needs root (Mininet, Open vSwitch): run with sudo")
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._acquire_lock()
-        clean_stale()  # a previous fabric that was killed: its lock is free, its leftovers not
+        # A previous fabric that was killed: its lock is free, its leftovers not.
+        self.cleaned = clean_stale()
         ensure_ovs()
         self._write_state()
         if self.own_controller:
@@ -105,16 +107,18 @@ class Fabric:
     def stop(self) -> None:
         """Tear down everything this fabric started; safe to call twice or after a failure."""
         for proc in self.processes:
-            _kill_group(proc)
+            kill_group(proc)
         self.processes.clear()
         if self.net is not None:
             net, self.net = self.net, None
             try:
                 net.stop()
+                for controller in net.controllers:  # RemoteController.stop leaves its shell
+                    controller.terminate()
             except Exception as err:  # keep tearing down; clean-up catches what is left
                 print(f"fabric: mininet stop failed: {err}", file=sys.stderr)
         if self.controller is not None:
-            _kill_group(self.controller)
+            kill_group(self.controller)
             self.controller = None
         clean_state()
         self._release_lock()
@@ -126,12 +130,17 @@ class Fabric:
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         self._lock = open(LOCK_FILE, "w")
         deadline = time.monotonic() + self.lock_timeout
+        waited = False
         while True:
             try:
                 fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 _running = self
                 return
             except BlockingIOError:
+                if not waited:
+                    print(f"fabric: another fabric is running; waiting for it (at most "
+                          f"{self.lock_timeout:.0f} s)", file=sys.stderr)
+                    waited = True
                 if time.monotonic() > deadline:
                     raise FabricError("another fabric is running on this machine (lock "
                                       f"{LOCK_FILE}); wait for it or run `make clean-net`")
@@ -246,7 +255,7 @@ class Fabric:
         self.net.configLinkStatus(a, b, "up" if up else "down")
 
 
-def _kill_group(proc: subprocess.Popen, grace: float = 3.0) -> None:
+def kill_group(proc: subprocess.Popen, grace: float = 3.0) -> None:
     """SIGTERM the process group, then SIGKILL what is left after `grace` seconds."""
     if proc.poll() is not None:
         return
