@@ -1,6 +1,7 @@
 """The fabric controller: a Ryu app that learns the fabric and installs what `routing` decides.
 
-Tables: 0 classifies (per-flow DSCP marks at the ingress switch, then goto 1); 1 forwards
+Tables: 0 classifies (per-flow DSCP marks at the ingress switch, from REST and from registered
+training jobs, then goto 1); 1 forwards
 (host routes, probes and ARP to the controller, everything else dropped).
 Run it with `python -m controller` (or see README for plain ryu-manager).
 """
@@ -23,13 +24,16 @@ import controller.flags  # noqa: F401  (registers the [fabric] options)
 from controller.priority import PROTOCOLS, FlowClass, ingress_switch
 from controller.rest import FabricRestController
 from controller.routing import Group, Output, SwitchPlan, plan_fabric
+from controller.scheduling import Job, describe_job, job_flow_classes
 from controller.stats import PortStatsWriter
 from controller.topology import FabricView
 
 LOG = logging.getLogger("fabric")
 
 CLASSIFY_TABLE, FORWARD_TABLE = 0, 1
-PRIO_PROBE, PRIO_MARK, PRIO_ROUTE, PRIO_ARP, PRIO_IP_MISS = 1000, 800, 500, 10, 5
+PRIO_PROBE, PRIO_ROUTE, PRIO_ARP, PRIO_IP_MISS = 1000, 500, 10, 5
+# A mark that matches an incoming DSCP (LE -> droppable) wins over the per-flow marks.
+PRIO_MARK, PRIO_MARK_BY_DSCP = 800, 900
 ETH_LLDP, ETH_ARP, ETH_IP = 0x88CC, 0x0806, 0x0800
 PROBE_DST_BYTES = bytes.fromhex("0180c200000e")  # LLDP nearest-bridge address
 PROBE_SRC_BYTES = bytes.fromhex("020000000001")
@@ -73,7 +77,8 @@ class FabricController(app_manager.RyuApp):
         self.datapaths: dict = {}
         self.installed: dict[int, SwitchPlan] = {}
         self.marks: dict[int, dict[tuple, FlowClass]] = {}  # dpid -> match key -> installed mark
-        self.flow_classes: list[FlowClass] = []
+        self.flow_classes: list[FlowClass] = []  # set over REST (/fabric/classes)
+        self.jobs: dict[str, Job] = {}
         self.recent_floods: dict[tuple[str, str], float] = {}
         self.port_stats: dict[int, dict[int, dict]] = {}
         self.group_stats: dict[int, dict[int, list[int]]] = {}
@@ -136,14 +141,23 @@ class FabricController(app_manager.RyuApp):
 
     @staticmethod
     def mark_match(parser, flow: FlowClass):
-        fields = {"eth_type": ETH_IP, "ipv4_src": flow.src, "ipv4_dst": flow.dst}
+        fields = {"eth_type": ETH_IP, "ipv4_src": flow.src}
+        if flow.dst:
+            fields["ipv4_dst"] = flow.dst
+        if flow.in_dscp is not None:
+            fields["ip_dscp"] = flow.in_dscp
         if flow.proto:
             fields["ip_proto"] = PROTOCOLS[flow.proto]
             if flow.sport:
                 fields[f"{flow.proto}_src"] = flow.sport
             if flow.dport:
-                fields[f"{flow.proto}_dst"] = flow.dport
+                fields[f"{flow.proto}_dst"] = (flow.dport if flow.dport_mask is None
+                                               else (flow.dport, flow.dport_mask))
         return parser.OFPMatch(**fields)
+
+    @staticmethod
+    def mark_priority(flow: FlowClass) -> int:
+        return PRIO_MARK if flow.in_dscp is None else PRIO_MARK_BY_DSCP
 
     def packet_out(self, dp, port: int, data: bytes) -> None:
         parser, ofp = dp.ofproto_parser, dp.ofproto
@@ -324,19 +338,29 @@ class FabricController(app_manager.RyuApp):
                 self.delete_group(dp, gid)
         self.installed[dp.id] = plan
 
+    def all_flow_classes(self) -> list[FlowClass]:
+        """The REST marks, then every job's (a later class for one match replaces an earlier)."""
+        merged = {f.match_key(): f for f in self.flow_classes}
+        merged.update((f.match_key(), f) for job in self.jobs.values()
+                      for f in job_flow_classes(job))
+        return list(merged.values())
+
     def apply_marks(self, dp) -> None:
         """Install the DSCP marks of flows whose source host attaches to this switch."""
         parser = dp.ofproto_parser
-        wanted = {f.match_key(): f for f in self.flow_classes
+        wanted = {f.match_key(): f for f in self.all_flow_classes()
                   if ingress_switch(self.view, f) == dp.id}
         have = self.marks.setdefault(dp.id, {})
         for key, flow in wanted.items():
             if have.get(key) != flow:  # same match and priority: OFPFC_ADD replaces the mark
-                self.add_flow(dp, CLASSIFY_TABLE, PRIO_MARK, self.mark_match(parser, flow),
+                self.add_flow(dp, CLASSIFY_TABLE, self.mark_priority(flow),
+                              self.mark_match(parser, flow),
                               [parser.OFPActionSetField(ip_dscp=flow.dscp)], goto=FORWARD_TABLE)
                 have[key] = flow
         for key in have.keys() - wanted.keys():
-            self.delete_flow(dp, CLASSIFY_TABLE, PRIO_MARK, self.mark_match(parser, have.pop(key)))
+            flow = have.pop(key)
+            self.delete_flow(dp, CLASSIFY_TABLE, self.mark_priority(flow),
+                             self.mark_match(parser, flow))
 
     # -- API used by REST and later policies ----------------------------------------------------
     def set_flow_classes(self, flows: list[FlowClass], replace: bool = False) -> None:
@@ -354,6 +378,20 @@ class FabricController(app_manager.RyuApp):
             f for f in self.flow_classes if f.match_key() not in drop]
         for dp in self.datapaths.values():
             self.apply_marks(dp)
+
+    def register_job(self, job: Job) -> None:
+        """Schedule a training job's flows by its policy (a job of the same id is replaced)."""
+        self.jobs[job.job] = job
+        for dp in self.datapaths.values():
+            self.apply_marks(dp)
+
+    def remove_job(self, job_id: str) -> bool:
+        """Unmark a job's flows; False when no such job is registered."""
+        if self.jobs.pop(job_id, None) is None:
+            return False
+        for dp in self.datapaths.values():
+            self.apply_marks(dp)
+        return True
 
     # -- statistics ---------------------------------------------------------------------------
     def _stats_loop(self) -> None:
@@ -424,6 +462,9 @@ class FabricController(app_manager.RyuApp):
         return [{**f.to_dict(), "switch": (self.view.switches[d].name
                                            if (d := ingress_switch(self.view, f)) in self.view.switches
                                            else None)} for f in self.flow_classes]
+
+    def describe_jobs(self) -> list[dict]:
+        return [describe_job(job) for job in self.jobs.values()]
 
     def describe_ports(self) -> list[dict]:
         return [row for ports in self.port_stats.values() for row in ports.values()]

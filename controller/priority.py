@@ -13,54 +13,98 @@ from dataclasses import dataclass
 from controller.topology import FabricView
 
 PROTOCOLS = {"tcp": 6, "udp": 17}
+PORT_BITS = 16
+
+
+def parse_ipv4(name: str, value: object) -> str:
+    """An IPv4 address given as a dotted string; the error names the field."""
+    try:
+        if not isinstance(value, str):
+            raise ValueError
+        ipaddress.IPv4Address(value)
+    except ValueError:
+        raise ValueError(f"{name}: {value!r} is not allowed "
+                         "(an IPv4 address such as \"10.0.0.1\")") from None
+    return value
+
+
+def parse_int(name: str, value: object, lo: int, hi: int) -> int:
+    """An integer (not a bool, not a float) in lo..hi; the error names the field."""
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"{name}: {value!r} is not allowed (an integer {lo}..{hi})")
+    return value
+
+
+def parse_proto(name: str, value: object) -> str:
+    if not isinstance(value, str) or value not in PROTOCOLS:
+        raise ValueError(f"{name}: {value!r} is not allowed (tcp or udp)")
+    return value
+
+
+def parse_port(name: str, value: object) -> int:
+    return parse_int(name, value, 1, (1 << PORT_BITS) - 1)
+
+
+def check_fields(data: object, what: str, allowed: tuple[str, ...]) -> dict:
+    """`data` must be an object whose keys are among `allowed`."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{what}: expected an object with {', '.join(allowed)}")
+    unknown = set(data) - set(allowed)
+    if unknown:
+        raise ValueError(f"{sorted(unknown)[0]}: unknown field (allowed: {', '.join(allowed)})")
+    return data
+
+
+def port_range_blocks(lo: int, hi: int) -> list[tuple[int, int]]:
+    """The ports lo..hi as the fewest power-of-two aligned blocks, each a (value, mask) pair
+    for a masked L4 port match: port p is in a block iff p & mask == value."""
+    if not 0 <= lo <= hi < 1 << PORT_BITS:
+        raise ValueError(f"port range: [{lo}, {hi}] is not allowed (0 <= lo <= hi <= 65535)")
+    blocks = []
+    while lo <= hi:
+        size = lo & -lo if lo else 1 << PORT_BITS  # the largest block aligned at lo ...
+        while lo + size - 1 > hi:                   # ... that ends inside the range
+            size >>= 1
+        blocks.append((lo, ((1 << PORT_BITS) - 1) & ~(size - 1)))
+        lo += size
+    return blocks
 
 
 @dataclass(frozen=True)
 class FlowClass:
-    """Mark packets from `src` to `dst` (optionally one protocol and L4 ports) with `dscp`."""
+    """Mark packets from `src` to `dst` (any destination when None; optionally one protocol, L4
+    ports, a destination port block `dport`/`dport_mask`, and only packets arriving with DSCP
+    `in_dscp`) with `dscp`."""
     src: str
-    dst: str
+    dst: str | None
     dscp: int
     proto: str | None = None
     sport: int | None = None
     dport: int | None = None
+    dport_mask: int | None = None
+    in_dscp: int | None = None
 
     @classmethod
     def from_dict(cls, data: dict) -> "FlowClass":
         """Build from REST/JSON input; every error names the field and what is allowed."""
-        if not isinstance(data, dict):
-            raise ValueError("flow: expected an object with src, dst, dscp[, proto, sport, dport]")
-        unknown = set(data) - {"src", "dst", "dscp", "proto", "sport", "dport"}
-        if unknown:
-            raise ValueError(f"{sorted(unknown)[0]}: unknown field (allowed: src, dst, dscp, "
-                             "proto, sport, dport)")
-        for name in ("src", "dst"):
-            try:
-                if not isinstance(data.get(name), str):
-                    raise ValueError
-                ipaddress.IPv4Address(data[name])
-            except ValueError:
-                raise ValueError(f"{name}: {data.get(name)!r} is not allowed "
-                                 "(an IPv4 address such as \"10.0.0.1\")") from None
-        dscp = data.get("dscp")
-        if isinstance(dscp, bool) or not isinstance(dscp, int) or not 0 <= dscp <= 63:
-            raise ValueError(f"dscp: {dscp!r} is not allowed (an integer 0..63)")
+        check_fields(data, "flow", ("src", "dst", "dscp", "proto", "sport", "dport"))
+        src, dst = parse_ipv4("src", data.get("src")), parse_ipv4("dst", data.get("dst"))
+        dscp = parse_int("dscp", data.get("dscp"), 0, 63)
         proto = data.get("proto")
-        if proto is not None and (not isinstance(proto, str) or proto not in PROTOCOLS):
-            raise ValueError(f"proto: {proto!r} is not allowed (tcp or udp)")
+        if proto is not None:
+            parse_proto("proto", proto)
         for name in ("sport", "dport"):
-            port = data.get(name)
-            if port is None:
+            if data.get(name) is None:
                 continue
             if proto is None:
                 raise ValueError(f"{name}: needs proto (tcp or udp)")
-            if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-                raise ValueError(f"{name}: {port!r} is not allowed (an integer 1..65535)")
-        return cls(data["src"], data["dst"], dscp, proto, data.get("sport"), data.get("dport"))
+            parse_port(name, data[name])
+        return cls(src, dst, dscp, proto, data.get("sport"), data.get("dport"))
 
     def match_key(self) -> tuple:
         """What the switch matches on; two classes with one key are one flow."""
-        return (self.src, self.dst, self.proto, self.sport, self.dport)
+        return (self.src, self.dst, self.proto, self.sport, self.dport, self.dport_mask,
+                self.in_dscp)
 
     def to_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if v is not None}

@@ -6,6 +6,10 @@ GET  /fabric/ports        the latest port statistics
 GET  /fabric/classes      the per-flow DSCP marks and the switch each is installed on
 POST /fabric/classes      {"flows": [{src, dst, dscp, proto?, sport?, dport?}], "replace": false}
 DELETE /fabric/classes    {"flows": [...]} unmarks those; no body unmarks all
+GET  /jobs                the registered training jobs: policy, DSCP per layer, the rewrites
+POST /jobs                {"job", "policy", "hosts", "layers", "flows"} (controller/scheduling.py)
+                          registers or replaces a job; answers with the job as GET shows it
+DELETE /jobs/<id>         unregisters a job and unmarks its flows (404 when unknown)
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import json
 from ryu.app.wsgi import ControllerBase, Response, route
 
 from controller.priority import FlowClass
+from controller.scheduling import describe_job, parse_job
 
 
 def _json(body, status: int = 200) -> Response:
@@ -61,3 +66,22 @@ class FabricRestController(ControllerBase):
             return _json({"error": str(err)}, status=400)
         self.fabric.remove_flow_classes(flows)
         return _json(self.fabric.describe_flow_classes())
+
+    @route("jobs", "/jobs", methods=["GET"])
+    def get_jobs(self, req, **_):
+        return _json(self.fabric.describe_jobs())
+
+    @route("jobs", "/jobs", methods=["POST"])
+    def post_job(self, req, **_):
+        try:
+            job = parse_job(json.loads(req.body or b"{}"))
+        except ValueError as err:  # json's JSONDecodeError is a ValueError
+            return _json({"error": str(err)}, status=400)
+        self.fabric.register_job(job)
+        return _json(describe_job(job))
+
+    @route("jobs", "/jobs/{job_id}", methods=["DELETE"])
+    def delete_job(self, req, job_id, **_):
+        if not self.fabric.remove_job(job_id):
+            return _json({"error": f"job: {job_id!r} is not registered"}, status=404)
+        return _json(self.fabric.describe_jobs())

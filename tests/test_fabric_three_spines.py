@@ -108,14 +108,26 @@ def test_single_uses_one_path_per_destination(three_spines):
 
 
 # -- priority -----------------------------------------------------------------------------------
+def classify_table(switch: str) -> str:
+    """The OpenFlow table of DSCP marks (table 0) of a switch."""
+    return subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", "dump-flows", switch, "table=0"],
+                          capture_output=True, text=True, check=True).stdout
+
+
+def compete(fab, bulk_port: int, src: str, port: int, *extra: str) -> tuple[float, float]:
+    """An unmarked 5 s bulk flow h2 -> h3 on `bulk_port`, joined after 0.5 s by a 4 s flow
+    src -> h3 on `port` (iperf3 options `extra`): (that flow's Mbit/s, the bulk flow's)."""
+    _, bulk = iperf(fab, "h2", "h3", bulk_port, 5)
+    time.sleep(0.5)
+    _, flow = iperf(fab, src, "h3", port, 4, *extra)
+    return goodput_mbps(flow), goodput_mbps(bulk)
+
+
 def test_cs5_marked_by_host_beats_unmarked(three_spines):
     """Two senders into one 50 Mbit/s host port; the CS5 one must get >= 80% of it."""
     if three_spines.lb != "ecmp":
         pytest.skip("one LB mode is enough")
-    _, bulk = iperf(three_spines, "h2", "h3", 5301, 5)
-    time.sleep(0.5)
-    _, marked = iperf(three_spines, "h1", "h3", 5302, 4, "--dscp", "40")  # CS5
-    marked_mbps, bulk_mbps = goodput_mbps(marked), goodput_mbps(bulk)
+    marked_mbps, bulk_mbps = compete(three_spines, 5301, "h1", 5302, "--dscp", "40")  # CS5
     print(f"host-marked CS5 {marked_mbps:.1f} Mbit/s, unmarked {bulk_mbps:.1f} Mbit/s")
     assert marked_mbps >= 0.8 * 50
 
@@ -127,16 +139,61 @@ def test_controller_marks_a_flow(three_spines):
     flow = {"src": "10.0.0.1", "dst": "10.0.0.3", "proto": "tcp", "dport": 5402, "dscp": 40}
     classes = three_spines.rest("/fabric/classes", "POST", {"flows": [flow]})
     assert classes == [{**flow, "switch": "leaf1"}]
-    dump = subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", "dump-flows", "leaf1", "table=0"],
-                          capture_output=True, text=True, check=True).stdout
+    dump = classify_table("leaf1")
     assert "set_field:40->ip_dscp" in dump or "mod_nw_tos:160" in dump, dump
-    _, bulk = iperf(three_spines, "h2", "h3", 5401, 5)
-    time.sleep(0.5)
-    _, marked = iperf(three_spines, "h1", "h3", 5402, 4)
-    marked_mbps, bulk_mbps = goodput_mbps(marked), goodput_mbps(bulk)
+    marked_mbps, bulk_mbps = compete(three_spines, 5401, "h1", 5402)
     print(f"controller-marked CS5 {marked_mbps:.1f} Mbit/s, unmarked {bulk_mbps:.1f} Mbit/s")
     assert marked_mbps >= 0.8 * 50
     assert three_spines.rest("/fabric/classes", "DELETE", {}) == []
+
+
+def cs_queue_drops(dev: str, cs: int) -> int:
+    """Packets dropped by the FIFO of class selector `cs` on a switch port (topologies/shaping.py)."""
+    out = subprocess.run(["tc", "-s", "qdisc", "show", "dev", dev], capture_output=True,
+                         text=True, check=True).stdout
+    block = out.split(f"qdisc bfifo {0x10 + cs:x}: ")[1]
+    return int(re.search(r"dropped (\d+)", block).group(1))
+
+
+JOB = {"job": "resnet-ish", "policy": "layer", "hosts": ["10.0.0.1", "10.0.0.3"],
+       "layers": [{"index": i, "name": f"layer{i}", "bytes": 1000 * (i + 1)} for i in range(6)],
+       "flows": [{"layer": 0, "src": "10.0.0.1", "dst": "10.0.0.3", "proto": "tcp", "dport": 5502},
+                 {"layers": [1, 2, 3, 4, 5], "src": "10.0.0.1", "dst": "10.0.0.3",
+                  "proto": "udp", "dport_range": [6000, 6009]}]}
+
+
+def test_registered_job_prioritizes_its_front_layer(three_spines):
+    """POST /jobs: layer 0's TCP flow becomes CS6 at leaf1 and beats an unmarked bulk flow."""
+    if three_spines.lb != "ecmp":
+        pytest.skip("one LB mode is enough")
+    job = three_spines.rest("/jobs", "POST", JOB)
+    assert [layer["dscp"] for layer in job["layers"]] == [48, 40, 32, 24, 16, 16]
+    dump = classify_table("leaf1")
+    assert "set_field:48->ip_dscp" in dump or "mod_nw_tos:192" in dump, dump
+    assert "/0xfff8" in dump and "/0xfffe" in dump, "the UDP port range as two masked matches"
+    assert "set_field:8->ip_dscp" in dump or "mod_nw_tos:32" in dump, "LE -> CS1"
+    front_mbps, bulk_mbps = compete(three_spines, 5501, "h1", 5502)
+    print(f"layer 0 (CS6) {front_mbps:.1f} Mbit/s, unmarked bulk {bulk_mbps:.1f} Mbit/s")
+    assert front_mbps >= 0.8 * 50
+    assert three_spines.rest("/jobs/resnet-ish", "DELETE") == []
+    dump = classify_table("leaf1")
+    assert "ip_dscp" not in dump and "nw_tos" not in dump, dump
+
+
+def test_lower_effort_datagrams_are_dropped_first(three_spines):
+    """A job host's DSCP-1 (LE) flow is moved to CS1 (served last, short queue): under
+    congestion it loses to an unmarked flow and its queue drops."""
+    if three_spines.lb != "ecmp":
+        pytest.skip("one LB mode is enough")
+    three_spines.rest("/jobs", "POST", JOB)
+    drops_before = cs_queue_drops("leaf2-eth1", 1)  # leaf2's port to h3
+    droppable_mbps, bulk_mbps = compete(three_spines, 5601, "h1", 5602, "--dscp", "1")
+    drops = cs_queue_drops("leaf2-eth1", 1) - drops_before
+    print(f"LE-marked {droppable_mbps:.1f} Mbit/s ({drops} CS1 drops), "
+          f"unmarked {bulk_mbps:.1f} Mbit/s")
+    assert droppable_mbps < 0.5 * bulk_mbps
+    assert drops > 0
+    assert three_spines.rest("/jobs/resnet-ish", "DELETE") == []
 
 
 # -- failures -----------------------------------------------------------------------------------

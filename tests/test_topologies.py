@@ -6,7 +6,8 @@ import pytest
 
 from topologies.leafspine import FatTreeTopo, LeafSpineTopo, TopologyError
 from topologies.nodes import DEFAULT_QUEUE_BYTES, FabricLink, OVSUserSwitch
-from topologies.shaping import class_id, htb_priority_tree
+from topologies.shaping import (DROPPABLE_QUEUE_BYTES, class_id, class_queue_limits,
+                                 htb_priority_tree)
 
 
 def ports_of(topo):
@@ -175,10 +176,11 @@ def test_htb_priority_tree():
         cid = class_id(cs)
         assert cid == f"1:{0x10 + cs:x}"
         (cls,) = [l for l in classes if f"classid {cid} " in l]
-        assert f"prio {7 - cs} " in cls, "CS7 is served first (prio 0), CS0 last (prio 7)"
+        prio = {7: 0, 6: 1, 5: 2, 4: 3, 3: 4, 2: 5, 0: 6, 1: 7}[cs]
+        assert f"prio {prio} " in cls, "CS7 first (prio 0), CS2, CS0, the droppable CS1 last"
         assert "rate 1000kbit ceil 100mbit" in cls, "a 1% floor, the link as ceiling"
         (fifo,) = [l for l in fifos if f"parent {cid} " in l]
-        assert fifo.endswith("bfifo limit 65536")
+        assert fifo.endswith(f"bfifo limit {16384 if cs == 1 else 65536}"), "CS1's queue is short"
         (flt,) = [l for l in filters if l.endswith(f"flowid {cid}")]
         assert f"u32 match ip tos 0x{cs << 5:02x} 0xe0 " in flt
         assert "protocol ip" in flt
@@ -204,3 +206,24 @@ def test_htb_bad_inputs(rate, queue, name):
     with pytest.raises(ValueError) as err:
         htb_priority_tree("h1-eth0", rate, queue)
     assert str(err.value).startswith(f"{name}: ")
+
+
+def test_class_queue_limits():
+    assert DROPPABLE_QUEUE_BYTES == 16 * 1024
+    assert class_queue_limits(262144) == [262144, 16384] + [262144] * 6
+    assert class_queue_limits(8000) == [8000] * 8, "the droppable queue is never the longer one"
+    assert class_queue_limits(65536, {1: 4096, 6: 131072}) == \
+        [65536, 4096, 65536, 65536, 65536, 65536, 131072, 65536]
+    lines = htb_priority_tree("h1-eth0", 10, 65536, {0: 3000})
+    assert [l.split()[-1] for l in lines if "bfifo" in l] == \
+        ["3000", "16384", "65536", "65536", "65536", "65536", "65536", "65536"]
+
+
+@pytest.mark.parametrize("limits, message", [
+    ({8: 4096}, "class_queue_bytes: class 8 "), ({-1: 4096}, "class_queue_bytes: class -1 "),
+    ({1: 1513}, "class_queue_bytes[1]: 1513 "), ({5: 0}, "class_queue_bytes[5]: 0 "),
+])
+def test_class_queue_limits_bad(limits, message):
+    with pytest.raises(ValueError) as err:
+        htb_priority_tree("h1-eth0", 10, 65536, limits)
+    assert str(err.value).startswith(message)
