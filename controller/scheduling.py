@@ -177,9 +177,9 @@ def job_flow_classes(job: Job) -> list[FlowClass]:
 
 
 # -- parsing the REST job document ----------------------------------------------------------------
-def _parse_list(name: str, value: object) -> list:
-    if not isinstance(value, list) or not value:
-        raise ValueError(f"{name}: {value!r} is not allowed (a non-empty list)")
+def _parse_list(name: str, value: object, may_be_empty: bool = False) -> list:
+    if not isinstance(value, list) or not (value or may_be_empty):
+        raise ValueError(f"{name}: {value!r} is not allowed (a {'' if may_be_empty else 'non-empty '}list)")
     return value
 
 
@@ -257,7 +257,8 @@ def parse_job(data: object) -> Job:
         duplicate = next(i for i in indices if indices.count(i) > 1)
         raise ValueError(f"layers: index {duplicate} appears twice")
     flows = tuple(parse_flow(flow, f"flows[{i}]", hosts, set(indices))
-                  for i, flow in enumerate(_parse_list("flows", data.get("flows"))))
+                  # No flows: the senders mark each message with its layer's class themselves.
+                  for i, flow in enumerate(_parse_list("flows", data.get("flows", []), may_be_empty=True)))
     return Job(job, policy, hosts, layers, flows)
 
 

@@ -38,6 +38,8 @@ from experiments.results import (CPU_COLUMNS, PORT_COLUMNS, PORT_RATE_COLUMNS, a
                                  completed_run_ids, process_dir, read_run_record, run_dir,
                                  start_output, write_run_record)
 from experiments.spec import Run, Spec, Topology
+from hostapps.config import RunConfig as HostAppConfig
+from hostapps.config import build_model
 from topologies.cleanup import REPO
 from topologies.fabric import Fabric, FabricError, kill_group, ensure_ovs
 
@@ -155,15 +157,19 @@ def run_once(fab: Fabric, out: Path, run: Run, rates: pd.DataFrame, stats_csv: P
     schedule = Schedule(disturbances_of(fab, run.config, path))
     processes: list[JobProcess] = []
     start_s = time.time()
+    job_id = f"run{run.index}"
     try:
         with CpuSampler(path / "cpu.csv"):
-            processes = launch_job(fab, out, run)
+            layer_dscp = register_job(fab, run, job_id)
+            processes = launch_job(fab, out, run, layer_dscp)
             schedule.start()
             error = wait_job(processes, progress)
     finally:
         schedule.stop()
         for process in processes:
             kill_group(process.popen)
+        if run.controller.sched != "fifo":
+            fab.rest(f"/jobs/{job_id}", "DELETE")
     end_s = time.time()
     problems = fab.controller_problems()[known_problems:]
     error = "; ".join(filter(None, [error, *schedule.errors,
@@ -175,7 +181,46 @@ def run_once(fab: Fabric, out: Path, run: Run, rates: pd.DataFrame, stats_csv: P
     return status
 
 
-def launch_job(fab: Fabric, out: Path, run: Run) -> list[JobProcess]:
+def layer_table(run: Run) -> list[dict]:
+    """The job's layers (index, name, bytes) as the host apps build the model."""
+    job = run.job
+    cfg = HostAppConfig(role="worker", rank=0, workers=[("127.0.0.1", WORKER_PORT)],
+                        mode="allreduce", width=job.model.width, depth=job.model.depth,
+                        profile=None if job.model.name == "mlp" else job.model.name,
+                        scale=job.model.scale, link_mbps=run.topology.host_bw, seed=job.seed)
+    model = build_model(cfg)
+    return [{"index": i, "name": layer.name, "bytes": int(layer.size) * 4}
+            for i, layer in enumerate(model.layers)]
+
+
+def register_job(fab: Fabric, run: Run, job_id: str) -> dict[int, int]:
+    """Register the job's layer table and flows with the controller, whose scheduling policy
+    turns them into DSCP classes; returns layer -> DSCP for the host apps (none for fifo).
+
+    With TCP the controller rewrites the DSCP of the job's connections at their ingress switch;
+    a connection carries every layer, so it gets its most urgent layer's class. With mlt the
+    senders mark each message with its layer's class from the map returned here (a rewrite
+    would erase that), and the controller only maps their lower-effort datagrams to CS1."""
+    if run.controller.sched == "fifo":
+        return {}
+    config = run.config
+    ip = {host: fab.host(host).IP() for host in config.hosts}
+    proto = "udp" if run.job.transport == "mlt" else "tcp"
+    ports = {host: WORKER_PORT for host in config.worker_hosts}
+    ports.update({host: SERVER_PORT for host in config.server_hosts})
+    flows = []
+    for src in ports if proto == "tcp" else ():
+        for dst, port in ports.items():
+            if src != dst:  # to the peer's listening port, and the answers from it
+                flows.append({"src": ip[src], "dst": ip[dst], "proto": proto, "dport": port})
+                flows.append({"src": ip[dst], "dst": ip[src], "proto": proto, "sport": port})
+    job = fab.rest("/jobs", "POST", {"job": job_id, "policy": run.controller.sched,
+                                     "hosts": [ip[h] for h in ports], "layers": layer_table(run),
+                                     "flows": flows})
+    return {layer["index"]: layer["dscp"] for layer in job["layers"]}
+
+
+def launch_job(fab: Fabric, out: Path, run: Run, layer_dscp: dict[int, int]) -> list[JobProcess]:
     """The job's host apps, parameter-server shards first so the workers find them listening."""
     config, job = run.config, run.job
     ip = {host: fab.host(host).IP() for host in config.hosts}
@@ -189,7 +234,11 @@ def launch_job(fab: Fabric, out: Path, run: Run) -> list[JobProcess]:
     common = ["--workers", workers, *(["--servers", servers] if servers else []), "--mode", job.mode,
               *model_args, "--iterations", str(job.iterations), "--batch", str(job.batch),
               "--lr", str(job.lr), "--seed", str(job.seed), "--transport", job.transport,
-              "--timeout", str(PEER_TIMEOUT_S), "--eval-every", str(job.eval_every)]
+              "--timeout", str(PEER_TIMEOUT_S), "--eval-every", str(job.eval_every),
+              "--loss-bound", str(job.loss_bound), "--policy", job.policy, "--fusion", job.fusion,
+              *(["--drop-marking"] if job.drop_marking else []),
+              *(["--layer-dscp", ",".join(f"{layer}:{dscp}" for layer, dscp in sorted(layer_dscp.items()))]
+                if layer_dscp and job.transport == "mlt" else [])]
     roles = [("server", rank, host) for rank, host in enumerate(config.server_hosts)]
     roles += [("worker", rank, host) for rank, host in enumerate(config.worker_hosts)]
     processes = []

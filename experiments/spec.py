@@ -31,11 +31,12 @@ import yaml
 
 from experiments.metrics import METRIC_COLUMNS
 
-# Choices that grow with the testbed: later schedulers (layer, tictac, size) and transports
-# (mlt) are added here when their implementations land.
+# Choices that grow with the testbed: controller scheduling policies (controller/scheduling.py),
+# transports (hostapps), host send-order policies (hostapps/policies.py).
 LoadBalancing = Literal["ecmp", "spray", "single"]
-Scheduling = Literal["fifo"]
-Transport = Literal["tcp"]
+Scheduling = Literal["fifo", "layer", "tictac", "size"]
+Transport = Literal["tcp", "mlt"]
+SendOrder = Literal["ready", "priority", "tic", "tac", "caramel", "bytescheduler"]
 ModelName = Literal["mlp", "resnet50", "vgg16", "bert_base"]  # all but mlp are size profiles
 
 # runs.csv columns that echo a config field. An axis may share one of these names only when
@@ -136,7 +137,11 @@ class Job:
     lr: float = spec_field(0.05, "a learning rate > 0", lambda x: x > 0)
     seed: int = spec_field(0, "an integer >= 0", lambda n: n >= 0)
     transport: Transport = spec_field("tcp")
-    loss_bound: float = spec_field(0.0, "a fraction in [0, 1]", lambda x: 0 <= x <= 1)
+    loss_bound: float = spec_field(0.0, "a fraction in [0, 1) (transport mlt)", lambda x: 0 <= x < 1)
+    drop_marking: bool = spec_field(False, "true or false (transport mlt with loss_bound > 0)")
+    policy: SendOrder = spec_field("ready")
+    fusion: str = spec_field("none", "none, horovod, ddp or a bucket size in bytes (allreduce)",
+                             lambda v: v in ("none", "horovod", "ddp") or v.isdigit())
     eval_every: int = spec_field(10, "an integer >= 0 (iterations; 0: only at the end)", lambda n: n >= 0)
     target_accuracy: float = spec_field(0.9, "a fraction in (0, 1]", lambda x: 0 < x <= 1)
 
@@ -239,6 +244,8 @@ def _parse(annotation: Any, raw: Any, path: str, allowed: str) -> Any:
     if annotation is float and isinstance(raw, (int, float)) and not isinstance(raw, bool):
         return float(raw)
     if annotation in (int, str, dict) and isinstance(raw, annotation) and not isinstance(raw, bool):
+        return raw
+    if annotation is bool and isinstance(raw, bool):
         return raw
     raise not_allowed(path, raw, allowed)
 
@@ -346,6 +353,14 @@ def check_config(config: RunConfig) -> None:
     if job.batch % workers:
         raise not_allowed("job.batch", job.batch, f"a multiple of the {workers} workers, the global batch "
                           "splits evenly over them")
+    if job.loss_bound > 0 and job.transport != "mlt":
+        raise not_allowed("job.loss_bound", job.loss_bound, "0 with transport tcp (a loss bound "
+                          "needs the loss-tolerant transport: job.transport: mlt)")
+    if job.drop_marking and job.loss_bound == 0:
+        raise not_allowed("job.drop_marking", True, "false unless job.loss_bound > 0 with transport mlt")
+    if job.policy in ("tic", "tac") and job.mode != "ps":
+        raise not_allowed("job.policy", job.policy, "ready, priority, caramel or bytescheduler in "
+                          "allreduce mode (tic/tac order a parameter server's sends)")
     topology = config.topology
     if topology.kind == "fattree" and topology.fabric_bw != topology.host_bw:
         raise not_allowed("topology.fabric_bw", topology.fabric_bw,

@@ -22,7 +22,7 @@ MALFORMED = [
     ("topology: 4", "topology: 4 is not allowed (a mapping with keys kind, spines, leaves, "
                     "hosts_per_leaf, k, host_bw, fabric_bw)"),
     ("controller: {lb: sprey}", "controller.lb: 'sprey' is not allowed (one of ecmp, spray, single)"),
-    ("controller: {sched: tictac}", "controller.sched: 'tictac' is not allowed (one of fifo)"),
+    ("controller: {sched: p3}", "controller.sched: 'p3' is not allowed (one of fifo, layer, tictac, size)"),
     ("job: {mode: ring}", "job.mode: 'ring' is not allowed (one of allreduce, ps)"),
     ("job: {model: {name: gpt2}}",
      "job.model.name: 'gpt2' is not allowed (one of mlp, resnet50, vgg16, bert_base)"),
@@ -44,8 +44,17 @@ MALFORMED = [
                          "evenly over them)"),
     ("topology: {kind: fattree, fabric_bw: 50}",
      "topology.fabric_bw: 50.0 is not allowed (the host_bw 100: all links of a fat-tree have one rate)"),
-    ("job: {loss_bound: 1.5}", "job.loss_bound: 1.5 is not allowed (a fraction in [0, 1])"),
-    ("job: {transport: mlt}", "job.transport: 'mlt' is not allowed (one of tcp)"),
+    ("job: {loss_bound: 1.5}", "job.loss_bound: 1.5 is not allowed (a fraction in [0, 1) (transport mlt))"),
+    ("job: {transport: quic}", "job.transport: 'quic' is not allowed (one of tcp, mlt)"),
+    ("job: {loss_bound: 0.05}", "job.loss_bound: 0.05 is not allowed (0 with transport tcp (a loss bound "
+                                "needs the loss-tolerant transport: job.transport: mlt))"),
+    ("job: {transport: mlt, drop_marking: true}",
+     "job.drop_marking: true is not allowed (false unless job.loss_bound > 0 with transport mlt)"),
+    ("job: {drop_marking: 1}", "job.drop_marking: 1 is not allowed (true or false (transport mlt with "
+                               "loss_bound > 0))"),
+    ("job: {mode: allreduce, policy: tac}", "job.policy: 'tac' is not allowed (ready, priority, caramel "
+                                            "or bytescheduler in allreduce mode (tic/tac order a parameter "
+                                            "server's sends))"),
     ("job: {target_accuracy: 0}", "job.target_accuracy: 0 is not allowed (a fraction in (0, 1])"),
     ("background: [{dst: h2}]",
      "background.0.src: missing (a host name or a list of distinct host names (incast))"),
@@ -161,7 +170,8 @@ def test_matrix_overrides_merge_into_sections_and_seeds_follow_repetition():
 
 
 def test_scalar_axis_labels_numbers_as_yaml():
-    spec = parse_spec({"matrix": {"bound": {"field": "job.loss_bound", "values": [0, 0.5]}}})
+    spec = parse_spec({"job": {"transport": "mlt"},
+                       "matrix": {"bound": {"field": "job.loss_bound", "values": [0, 0.5]}}})
     assert [run.run_id for run in spec.runs] == ["bound=0,rep=1", "bound=0.5,rep=1"]
     assert spec.runs[1].job.loss_bound == 0.5
 
