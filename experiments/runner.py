@@ -37,7 +37,7 @@ from experiments.progress import Progress
 from experiments.results import (CPU_COLUMNS, PORT_COLUMNS, PORT_RATE_COLUMNS, aggregate,
                                  completed_run_ids, process_dir, read_run_record, run_dir,
                                  start_output, write_run_record)
-from experiments.spec import Run, Spec, Topology
+from experiments.spec import BEST_SEND_ORDER, Run, Spec, Topology
 from hostapps.config import RunConfig as HostAppConfig
 from hostapps.config import build_model
 from topologies.cleanup import REPO
@@ -235,7 +235,7 @@ def launch_job(fab: Fabric, out: Path, run: Run, layer_dscp: dict[int, int]) -> 
               *model_args, "--iterations", str(job.iterations), "--batch", str(job.batch),
               "--lr", str(job.lr), "--seed", str(job.seed), "--transport", job.transport,
               "--timeout", str(PEER_TIMEOUT_S), "--eval-every", str(job.eval_every),
-              "--loss-bound", str(job.loss_bound), "--policy", job.policy, "--fusion", job.fusion,
+              "--loss-bound", str(job.loss_bound), "--policy", BEST_SEND_ORDER.get(job.mode) if job.policy == "best" else job.policy, "--fusion", job.fusion,
               *(["--drop-marking"] if job.drop_marking else []),
               *(["--layer-dscp", ",".join(f"{layer}:{dscp}" for layer, dscp in sorted(layer_dscp.items()))]
                 if layer_dscp and job.transport == "mlt" else [])]

@@ -36,7 +36,11 @@ from experiments.metrics import METRIC_COLUMNS
 LoadBalancing = Literal["ecmp", "spray", "single"]
 Scheduling = Literal["fifo", "layer", "tictac", "size"]
 Transport = Literal["tcp", "mlt"]
-SendOrder = Literal["ready", "priority", "tic", "tac", "caramel", "bytescheduler"]
+SendOrder = Literal["ready", "best", "priority", "tic", "tac", "caramel", "bytescheduler"]
+# `best`: the strongest ordering the mode has (TicTac TAC at a PS, ByteScheduler for all-reduce).
+BEST_SEND_ORDER = {"ps": "tac", "allreduce": "bytescheduler"}
+PS_SEND_ORDERS = ("priority", "tic", "tac")
+ALLREDUCE_SEND_ORDERS = ("caramel", "bytescheduler")
 ModelName = Literal["mlp", "resnet50", "vgg16", "bert_base"]  # all but mlp are size profiles
 
 # runs.csv columns that echo a config field. An axis may share one of these names only when
@@ -358,9 +362,11 @@ def check_config(config: RunConfig) -> None:
                           "needs the loss-tolerant transport: job.transport: mlt)")
     if job.drop_marking and job.loss_bound == 0:
         raise not_allowed("job.drop_marking", True, "false unless job.loss_bound > 0 with transport mlt")
-    if job.policy in ("tic", "tac") and job.mode != "ps":
-        raise not_allowed("job.policy", job.policy, "ready, priority, caramel or bytescheduler in "
-                          "allreduce mode (tic/tac order a parameter server's sends)")
+    wrong_mode = PS_SEND_ORDERS if job.mode == "allreduce" else ALLREDUCE_SEND_ORDERS
+    if job.policy in wrong_mode:
+        right = ALLREDUCE_SEND_ORDERS if job.mode == "allreduce" else PS_SEND_ORDERS
+        raise not_allowed("job.policy", job.policy, f"ready, best or {', '.join(right)} in "
+                          f"{job.mode} mode")
     topology = config.topology
     if topology.kind == "fattree" and topology.fabric_bw != topology.host_bw:
         raise not_allowed("topology.fabric_bw", topology.fabric_bw,

@@ -52,9 +52,10 @@ MALFORMED = [
      "job.drop_marking: true is not allowed (false unless job.loss_bound > 0 with transport mlt)"),
     ("job: {drop_marking: 1}", "job.drop_marking: 1 is not allowed (true or false (transport mlt with "
                                "loss_bound > 0))"),
-    ("job: {mode: allreduce, policy: tac}", "job.policy: 'tac' is not allowed (ready, priority, caramel "
-                                            "or bytescheduler in allreduce mode (tic/tac order a parameter "
-                                            "server's sends))"),
+    ("job: {mode: allreduce, policy: tac}",
+     "job.policy: 'tac' is not allowed (ready, best or caramel, bytescheduler in allreduce mode)"),
+    ("job: {mode: ps, policy: caramel}",
+     "job.policy: 'caramel' is not allowed (ready, best or priority, tic, tac in ps mode)"),
     ("job: {target_accuracy: 0}", "job.target_accuracy: 0 is not allowed (a fraction in (0, 1])"),
     ("background: [{dst: h2}]",
      "background.0.src: missing (a host name or a list of distinct host names (incast))"),
