@@ -3,8 +3,11 @@
 Prints, for 4 processes on 127.0.0.1: ring all-reduce throughput (4 workers)
 and parameter-server throughput (3 workers + 1 server) for 1, 4 and 16 MB
 tensors with the CPU seconds each process spends per MB sent+received, and
-the fraction of communication time hidden behind backprop in a ResNet-50
-profile job.  At 100 Mbit/s a host moves at most 12.5 MB/s each way, so the
+the fraction of communication time hidden behind backprop, with the iteration
+time, of a ResNet-50 profile job under each ordering policy (4 all-reduce
+workers: ready, caramel, bytescheduler; 3 PS workers + 1 server: ready,
+priority, tic, tac).  Loopback has no bandwidth limit, so orders differ little
+there unless --transport mlt paces sends at --link-mbps.  At 100 Mbit/s a host moves at most 12.5 MB/s each way, so the
 host apps keep the link saturated while CPU s/MB stays well below 1/25 s.
 """
 import argparse
@@ -18,7 +21,7 @@ from hostapps.collectives import PS_PULL, PS_PUSH, ring_allreduce, ring_neighbou
 from hostapps.config import RunConfig
 from hostapps.model import FlatModel
 from hostapps.records import Recorder, comm_busy_s
-from hostapps.server import ParameterShard
+from hostapps.server import ParameterShard, run_server
 from hostapps.transport import MessageKey, Peer, free_loopback_addresses
 from hostapps.worker import connect_transport, run_worker
 
@@ -73,13 +76,14 @@ def _ps_process(cfg: RunConfig, nbytes: int, rounds: int, results) -> None:
     results.put(_measure(cfg, rounds, serve if cfg.role == "server" else push_pull))
 
 
-def _run_processes(targets) -> list[dict]:
+def _run_processes(targets, expected: int | None = None) -> list[dict]:
+    """Run each target in a process; collect `expected` results (one per process by default)."""
     context = multiprocessing.get_context("fork")
     results = context.Queue()
     procs = [context.Process(target=target, args=(*args, results)) for target, args in targets]
     for p in procs:
         p.start()
-    found = [results.get(timeout=300) for _ in procs]
+    found = [results.get(timeout=300) for _ in range(len(procs) if expected is None else expected)]
     for p in procs:
         p.join(30)
     return found
@@ -111,6 +115,9 @@ def bench_ps(nbytes: int, rounds: int) -> dict:
 
 
 def _overlap_process(cfg: RunConfig, results) -> None:
+    if cfg.role == "server":
+        run_server(cfg)
+        return
     summary = run_worker(cfg)
     recorder = summary["recorder"]
     rows = recorder.iterations[1:]  # iteration 0 has no previous communication to wait for
@@ -119,12 +126,19 @@ def _overlap_process(cfg: RunConfig, results) -> None:
                      iteration_s=sum(r["end_s"] - r["start_s"] for r in rows) / len(rows)))
 
 
-def bench_overlap(iterations: int) -> dict:
+def bench_overlap(iterations: int, mode: str = "allreduce", policy: str = "ready", **options) -> dict:
     """Fraction of communication hidden behind compute: 1 - exposed wait / communication busy time."""
     addrs = free_loopback_addresses(PROCESSES)
-    found = _run_processes([(_overlap_process, (RunConfig(
-        role="worker", rank=r, workers=addrs, profile="resnet50", scale=0.01, iterations=iterations,
-        eval_every=0, timeout=60),)) for r in range(PROCESSES)])
+    servers = addrs[PROCESSES - 1:] if mode == "ps" else []
+    workers = addrs[:PROCESSES - len(servers)]
+
+    def cfg(role, rank):
+        return RunConfig(role=role, rank=rank, workers=workers, servers=servers, mode=mode, policy=policy,
+                         profile="resnet50", scale=0.01, iterations=iterations, batch=60, eval_every=0,
+                         timeout=60, **options)
+    found = _run_processes([(_overlap_process, (cfg("worker", r),)) for r in range(len(workers))]
+                           + [(_overlap_process, (cfg("server", s),)) for s in range(len(servers))],
+                           expected=len(workers))
     wait, busy = sum(f["wait"] for f in found), sum(f["busy"] for f in found)
     return dict(hidden=max(0.0, 1.0 - wait / busy) if busy else 1.0, iteration_s=np.mean([f["iteration_s"] for f in found]),
                 comm_s=busy / len(found) / (iterations - 1), wait_s=wait / len(found) / (iterations - 1))
@@ -133,19 +147,28 @@ def bench_overlap(iterations: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m hostapps.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--iterations", type=int, default=8, help="iterations of the overlap job")
+    parser.add_argument("--iterations", type=int, default=8, help="iterations of the overlap jobs")
+    parser.add_argument("--link-mbps", type=float, default=100.0,
+                        help="emulated link rate: profile compute scaling, and mlt's send pacing")
+    parser.add_argument("--transport", default="tcp", help="tcp, or mlt (paces sends at --link-mbps)")
+    parser.add_argument("--policies-only", action="store_true", help="skip the throughput table")
     args = parser.parse_args()
     print("host apps on loopback, %d processes" % PROCESSES)
     print("%-34s %10s %12s %10s" % ("collective", "ms/round", "tensor MB/s", "CPU s/MB"))
-    for mb in (1, 4, 16):
+    for mb in () if args.policies_only else (1, 4, 16):
         for name, bench in (("ring all-reduce, 4 workers", bench_allreduce), ("PS, 3 workers + 1 server", bench_ps)):
             r = bench(mb * 1000 * 1000, args.rounds)
             print("%-34s %10.1f %12.1f %10.5f" % ("%s, %2d MB" % (name, mb), r["seconds"] * 1e3, r["mb_per_s"],
                                                   r["cpu_s_per_mb"]))
-    overlap = bench_overlap(args.iterations)
-    print("overlap (ResNet-50 profile, scale 0.01, 4-worker all-reduce): %.0f%% of communication hidden "
-          "(comm %.1f ms, exposed wait %.1f ms, iteration %.1f ms)" % (
-              100 * overlap["hidden"], overlap["comm_s"] * 1e3, overlap["wait_s"] * 1e3, overlap["iteration_s"] * 1e3))
+    print("ResNet-50 profile, scale 0.01, %s at %g Mbit/s: overlap = share of communication hidden behind compute"
+          % (args.transport, args.link_mbps))
+    print("%-34s %12s %10s %10s %10s" % ("mode, policy", "iteration ms", "comm ms", "wait ms", "overlap"))
+    for mode, policies in (("allreduce", ("ready", "caramel", "bytescheduler")), ("ps", ("ready", "priority", "tic", "tac"))):
+        for policy in policies:
+            r = bench_overlap(args.iterations, mode, policy, link_mbps=args.link_mbps, transport=args.transport)
+            print("%-34s %12.1f %10.1f %10.1f %9.0f%%" % (
+                "%s, %s" % ("4-worker all-reduce" if mode == "allreduce" else "3 workers + PS", policy),
+                r["iteration_s"] * 1e3, r["comm_s"] * 1e3, r["wait_s"] * 1e3, 100 * r["hidden"]))
     print("link budget: at 100 Mbit/s a host moves <= 25 MB/s sent+received, i.e. needs < 0.04 CPU s/MB")
 
 

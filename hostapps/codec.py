@@ -7,6 +7,11 @@ message per packet and the receiver needs no other state to place it:
 fragment inside it and `total` is the message size.  The sender's role and
 rank are in every header because a loss-tolerant transport sends from random
 source ports.  TCP sends each message as a single fragment.
+
+The datagram transport (hostapps.mlt) appends a DATAGRAM extension to every
+header: a per-sender sequence number, the fragment size the sender cuts
+messages into (NACK bitmaps count in it), and in feedback the delivered byte
+count.  A NACK's payload is a bitmap with bit i set when fragment i is missing.
 """
 import struct
 from typing import NamedTuple
@@ -16,12 +21,20 @@ VERSION = 1
 
 KIND_HELLO = 1  # first frame on a connection: who is dialing
 KIND_DATA = 2   # a fragment of a tensor message
-KINDS = (KIND_HELLO, KIND_DATA)
+KIND_ACK = 3    # datagram receiver -> sender: message complete (within the loss bound)
+KIND_NACK = 4   # datagram receiver -> sender: retransmit the fragments in the bitmap
+KIND_BYE = 5    # datagram peer closes in order; step 1 answers a BYE
+KIND_ABORT = 6  # datagram peer failed: fail fast
+KINDS = (KIND_HELLO, KIND_DATA, KIND_ACK, KIND_NACK, KIND_BYE, KIND_ABORT)
 
 ROLES = ("worker", "server")
 
 # magic, version, kind, role, rank, step, job, iteration, tensor, offset, length, total
 HEADER = struct.Struct("!2sBBBHHIIIQIQ")
+
+# sequence, fragment_bytes, delivered: appended to HEADER in every datagram.
+DATAGRAM = struct.Struct("!IIQ")
+DATAGRAM_HEADER_BYTES = HEADER.size + DATAGRAM.size
 
 # Bounds the decoder enforces so that a corrupt header cannot make us allocate or wait for garbage.
 MAX_MESSAGE_BYTES = 1 << 32
@@ -76,3 +89,45 @@ def decode_header(data: bytes | bytearray | memoryview) -> Frame:
     if kind == KIND_HELLO and total:
         raise FrameError("hello frame carries a payload")
     return Frame(kind, ROLES[role], rank, step, job, iteration, tensor, offset, length, total)
+
+
+class Datagram(NamedTuple):
+    frame: Frame
+    sequence: int
+    fragment_bytes: int
+    delivered: int
+    payload: memoryview
+
+
+def nack_bitmap_bytes(total: int, fragment_bytes: int) -> int:
+    return (-(-total // fragment_bytes) + 7) // 8
+
+
+def encode_datagram_header(frame: Frame, sequence: int, fragment_bytes: int, delivered: int = 0) -> bytes:
+    """Header + datagram extension; the payload (frame.length bytes) follows in the same datagram."""
+    return encode_header(frame) + DATAGRAM.pack(sequence, fragment_bytes, delivered)
+
+
+def decode_datagram(data: memoryview) -> Datagram:
+    """Unpack and validate one whole datagram; raise FrameError on anything malformed."""
+    if len(data) < DATAGRAM_HEADER_BYTES:
+        raise FrameError("datagram of %d bytes is shorter than its header" % len(data))
+    frame = decode_header(data[:HEADER.size])
+    sequence, fragment_bytes, delivered = DATAGRAM.unpack_from(data, HEADER.size)
+    payload = data[DATAGRAM_HEADER_BYTES:]
+    if len(payload) != frame.length:
+        raise FrameError("datagram carries %d payload bytes, header says %d" % (len(payload), frame.length))
+    if delivered > frame.total:
+        raise FrameError("%d bytes delivered of a %d-byte message" % (delivered, frame.total))
+    if frame.kind in (KIND_DATA, KIND_NACK) and fragment_bytes == 0:
+        raise FrameError("fragment size 0")
+    if frame.kind == KIND_DATA and (frame.offset % fragment_bytes
+                                    or frame.length != min(fragment_bytes, frame.total - frame.offset)):
+        raise FrameError("fragment %d+%d is off the %d-byte grid of a %d-byte message" % (
+            frame.offset, frame.length, fragment_bytes, frame.total))
+    if frame.kind == KIND_NACK and (frame.offset or frame.length != nack_bitmap_bytes(frame.total, fragment_bytes)):
+        raise FrameError("NACK bitmap of %d bytes for %d fragments" % (
+            frame.length, -(-frame.total // fragment_bytes)))
+    if frame.kind not in (KIND_DATA, KIND_NACK) and frame.length:
+        raise FrameError("control frame kind %d carries a payload" % frame.kind)
+    return Datagram(frame, sequence, fragment_bytes, delivered, payload)

@@ -1,5 +1,6 @@
 """Collectives over a Transport: ring all-reduce, fusion buckets and parameter-server shards."""
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -25,22 +26,17 @@ def chunk_bounds(size: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def ring_allreduce(transport: Transport, left: Peer, right: Peer, rank: int, world: int,
-                   iteration: int, tensor: int, flat: np.ndarray, scratch: np.ndarray) -> None:
-    """Replace `flat` in place by its mean over the ring: reduce-scatter, then all-gather.
-
-    Each of the 2(world-1) steps sends one of `world` chunks to the right
-    neighbour and receives one from the left, so every rank sends and receives
-    2(world-1)/world of the tensor.  `scratch` holds at least one chunk.
-    """
-    if world == 1:
-        return
+def _ring_steps(transport: Transport, left: Peer, right: Peer, rank: int, world: int, iteration: int,
+                tensor: int, flat: np.ndarray, scratch: np.ndarray, first_step: int) -> Iterator[None]:
+    """Ring all-reduce of `flat` to its mean, yielding after each send: the next resumption receives
+    that step's chunk.  Messages are keyed (iteration, tensor, first_step + step)."""
     bounds = chunk_bounds(flat.size, world)
     for step in range(world - 1):
         send_lo, send_hi = bounds[(rank - step) % world]
         recv_lo, recv_hi = bounds[(rank - step - 1) % world]
-        key = MessageKey(iteration, tensor, step)
+        key = MessageKey(iteration, tensor, first_step + step)
         transport.send(right, key, flat[send_lo:send_hi])
+        yield
         incoming = scratch[:recv_hi - recv_lo]
         transport.recv(left, key, out=incoming)
         flat[recv_lo:recv_hi] += incoming
@@ -49,9 +45,73 @@ def ring_allreduce(transport: Transport, left: Peer, right: Peer, rank: int, wor
     for step in range(world - 1):
         send_lo, send_hi = bounds[(rank + 1 - step) % world]
         recv_lo, recv_hi = bounds[(rank - step) % world]
-        key = MessageKey(iteration, tensor, world - 1 + step)
+        key = MessageKey(iteration, tensor, first_step + world - 1 + step)
         transport.send(right, key, flat[send_lo:send_hi])
+        yield
         transport.recv(left, key, out=flat[recv_lo:recv_hi])
+
+
+def ring_allreduce(transport: Transport, left: Peer, right: Peer, rank: int, world: int,
+                   iteration: int, tensor: int, flat: np.ndarray, scratch: np.ndarray) -> None:
+    """Replace `flat` in place by its mean over the ring: reduce-scatter, then all-gather.
+
+    Each of the 2(world-1) steps sends one of `world` chunks to the right
+    neighbour and receives one from the left, so every rank sends and receives
+    2(world-1)/world of the tensor.  `scratch` holds at least one chunk.
+    """
+    if world > 1:
+        for _ in _ring_steps(transport, left, right, rank, world, iteration, tensor, flat, scratch, 0):
+            pass
+
+
+def ring_step_count(world: int) -> int:
+    return 2 * (world - 1)
+
+
+def max_segments(world: int) -> int:
+    """Segments one tensor's pipeline can have: their steps share the 16-bit step field of the frame header."""
+    return (1 << 16) // max(1, ring_step_count(world))
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One ring all-reduce of a pipeline: its messages are keyed (iteration, tensor, first_step + step)."""
+    tensor: int
+    first_step: int
+    flat: np.ndarray
+
+
+def pipelined_ring_allreduce(transport: Transport, left: Peer, right: Peer, rank: int, world: int,
+                             iteration: int, segments: Sequence[Segment], scratch: np.ndarray) -> None:
+    """All-reduce every segment to its mean, as a wavefront: segment k starts one step after segment k-1,
+    so one segment's reduction and latency overlap the others' transfers (Caramel's pipelining).
+
+    Deadlock-free because every rank runs the same schedule: in each tick a rank
+    receives only chunks its left neighbour sent in an earlier tick.  `scratch`
+    holds at least one chunk of the largest segment.
+    """
+    if world == 1:
+        return
+    waiting = [_ring_steps(transport, left, right, rank, world, iteration, s.tensor, s.flat, scratch, s.first_step)
+               for s in segments]
+    active: list[Iterator[None]] = []
+    while waiting or active:
+        if waiting:
+            active.append(waiting.pop(0))
+        active = [ring for ring in active if next(ring, StopIteration) is not StopIteration]
+
+
+def ring_min(transport: Transport, left: Peer, right: Peer, world: int, key: MessageKey, value: int) -> int:
+    """Minimum of every rank's `value`: each rank passes on what it last heard, world-1 hops, keyed
+    (key.iteration, key.tensor, key.step + hop)."""
+    passing, lowest = np.array([value], dtype=np.int64), value
+    for hop in range(world - 1):
+        hop_key = MessageKey(key.iteration, key.tensor, key.step + hop)
+        transport.send(right, hop_key, passing)
+        passing = np.empty(1, dtype=np.int64)
+        transport.recv(left, hop_key, out=passing)
+        lowest = min(lowest, int(passing[0]))
+    return lowest
 
 
 def ring_neighbours(rank: int, world: int) -> tuple[Peer, Peer]:
@@ -59,12 +119,14 @@ def ring_neighbours(rank: int, world: int) -> tuple[Peer, Peer]:
     return Peer("worker", (rank - 1) % world), Peer("worker", (rank + 1) % world)
 
 
-def make_buckets(layer_bytes: Sequence[int], threshold: int) -> list[tuple[int, ...]]:
+def make_buckets(layer_bytes: Sequence[int], threshold: int, growth: int = 1) -> list[tuple[int, ...]]:
     """Group layers in backward order (last first) into buckets of at least `threshold` bytes.
 
     Like DDP's buckets, a bucket closes as soon as it reaches the threshold;
-    threshold 0 gives one bucket per layer.  Layers in a bucket are adjacent,
-    so a bucket is one contiguous slice of the flat gradient buffer.
+    threshold 0 gives one bucket per layer.  Each next bucket's threshold is
+    `growth` times the previous one (Caramel: small early buckets start
+    communication sooner).  Layers in a bucket are adjacent, so a bucket is one
+    contiguous slice of the flat gradient buffer.
     """
     buckets, current, current_bytes = [], [], 0
     for layer in reversed(range(len(layer_bytes))):
@@ -73,9 +135,15 @@ def make_buckets(layer_bytes: Sequence[int], threshold: int) -> list[tuple[int, 
         if current_bytes >= threshold:
             buckets.append(tuple(current))
             current, current_bytes = [], 0
+            threshold *= growth
     if current:
         buckets.append(tuple(current))
     return buckets
+
+
+def split_bytes(nbytes: int, part_bytes: int) -> int:
+    """How many parts of at most `part_bytes` a message of `nbytes` is cut into (at least one)."""
+    return max(1, -(-nbytes // part_bytes))
 
 
 def assign_shards(sizes: Sequence[int], shards: int) -> list[int]:

@@ -10,7 +10,7 @@ from hostapps.transport import Address
 
 MODES = ("allreduce", "ps")
 MODELS = ("mlp",)
-TRANSPORTS = ("tcp",)
+TRANSPORTS = ("tcp", "mlt")
 ROLES = ("worker", "server")
 
 
@@ -46,7 +46,16 @@ class RunConfig:
     out: str | None = None
     fusion: str = "none"    # a FUSION_PRESETS name or a byte count
     policy: str = "ready"
+    partition_bytes: int = 16384  # bytescheduler partitions, caramel's first bucket and pipeline segments
+    credit_bytes: int = 65536     # bytescheduler: partition bytes in flight at once
     job: int = 0
+    # --transport mlt (hostapps.mlt): loss bound, source-port pool, datagram payload, quiet period
+    loss_bound: float = 0.0
+    sport_range: int = 64
+    mtu_payload: int = 1400
+    quiet_ms: float = 5.0
+    drop_marking: bool = False
+    layer_dscp: dict[int, int] = field(default_factory=dict)  # mlt: DSCP per tensor id
 
     @property
     def world(self) -> int:
@@ -68,6 +77,12 @@ class RunConfig:
             allowed("--profile", "profile", self.profile, PROFILES)
         allowed("--transport", "transport", self.transport, TRANSPORTS)
         allowed("--policy", "policy", self.policy, POLICIES)
+        if self.mode not in POLICIES[self.policy].modes:
+            raise ConfigError("--policy", "'%s' is for %s mode, not %s" % (
+                self.policy, " or ".join(POLICIES[self.policy].modes), self.mode))
+        if self.partition_bytes < 4 or self.credit_bytes < 0:
+            raise ConfigError("--partition-bytes" if self.partition_bytes < 4 else "--credit-bytes",
+                              "must be at least 4 (partition) or 0 (credit)")
         if self.fusion not in FUSION_PRESETS and not (self.fusion.isdigit()):
             raise ConfigError("--fusion", "'%s' is neither a byte count nor a preset (%s)" % (
                 self.fusion, ", ".join(FUSION_PRESETS)))
@@ -98,6 +113,14 @@ class RunConfig:
                               "--scale" if self.scale <= 0 else "--link-mbps", "must be positive")
         if not 0 <= self.momentum < 1:
             raise ConfigError("--momentum", "must be in [0, 1), got %g" % self.momentum)
+        if not 0 <= self.loss_bound < 1:
+            raise ConfigError("--loss-bound", "must be in [0, 1), got %g" % self.loss_bound)
+        if not 1 <= self.sport_range <= 1024:
+            raise ConfigError("--sport-range", "must be 1..1024 source ports, got %d" % self.sport_range)
+        if not (64 <= self.mtu_payload <= 65000 and self.mtu_payload % 4 == 0):
+            raise ConfigError("--mtu-payload", "must be a multiple of 4 in 64..65000, got %d" % self.mtu_payload)
+        if self.quiet_ms <= 0:
+            raise ConfigError("--quiet-ms", "must be positive")
 
 
 def parse_addresses(argument: str, text: str) -> list[Address]:
@@ -139,14 +162,38 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--momentum", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--transport", default="tcp", help="tcp")
+    parser.add_argument("--transport", default="tcp", help="tcp, or mlt (loss-tolerant UDP, sprayable)")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds before a silent peer is an error")
     parser.add_argument("--eval-every", type=int, default=50, help="test accuracy every N iterations (0: at the end)")
     parser.add_argument("--out", help="directory for iterations.csv, tensors.csv, trace.json, summary.json")
     parser.add_argument("--fusion", default="none", help="allreduce bucket bytes or preset: none, horovod, ddp")
     parser.add_argument("--policy", default="ready", help="gradient/parameter send order: %s" % ", ".join(POLICIES))
+    parser.add_argument("--partition-bytes", type=int, default=16384,
+                        help="bytescheduler partition size; caramel first bucket and pipeline segment size")
+    parser.add_argument("--credit-bytes", type=int, default=65536, help="bytescheduler: partition bytes in flight")
     parser.add_argument("--job", type=int, default=0, help="job id carried in every frame")
+    parser.add_argument("--loss-bound", type=float, default=0.0,
+                        help="mlt: fraction of a message's bytes that may be lost (0: fully reliable)")
+    parser.add_argument("--sport-range", type=int, default=64, help="mlt: UDP source ports a sender sprays over")
+    parser.add_argument("--mtu-payload", type=int, default=1400, help="mlt: payload bytes per datagram")
+    parser.add_argument("--quiet-ms", type=float, default=5.0,
+                        help="mlt: silence after which a message within the loss bound is complete")
+    parser.add_argument("--drop-marking", action="store_true",
+                        help="mlt: send the least important gradient datagrams with DSCP 1 (LE)")
+    parser.add_argument("--layer-dscp", default="",
+                        help="mlt: DSCP per tensor id as TENSOR:DSCP,... (the controller's classes)")
     return parser
+
+
+def parse_layer_dscp(text: str) -> dict[int, int]:
+    """`0:48,1:40` -> {0: 48, 1: 40}; an empty string -> {}."""
+    mapping = {}
+    for item in filter(None, text.split(",")):
+        tensor, _, dscp = item.partition(":")
+        if not (tensor.isdigit() and dscp.isdigit() and int(dscp) < 64):
+            raise ConfigError("--layer-dscp", "%r is not TENSOR:DSCP with DSCP 0..63" % item)
+        mapping[int(tensor)] = int(dscp)
+    return mapping
 
 
 def config_from_args(argv: list[str]) -> RunConfig:
@@ -157,7 +204,11 @@ def config_from_args(argv: list[str]) -> RunConfig:
                     width=args.width, depth=args.depth, conv=args.conv, profile=args.profile, scale=args.scale,
                     link_mbps=args.link_mbps, iterations=args.iterations, batch=args.batch, lr=args.lr,
                     momentum=args.momentum, seed=args.seed, transport=args.transport, timeout=args.timeout,
-                    eval_every=args.eval_every, out=args.out, fusion=args.fusion, policy=args.policy, job=args.job)
+                    eval_every=args.eval_every, out=args.out, fusion=args.fusion, policy=args.policy, job=args.job,
+                    partition_bytes=args.partition_bytes, credit_bytes=args.credit_bytes,
+                    loss_bound=args.loss_bound, sport_range=args.sport_range, mtu_payload=args.mtu_payload,
+                    quiet_ms=args.quiet_ms, drop_marking=args.drop_marking,
+                    layer_dscp=parse_layer_dscp(args.layer_dscp))
     if args.world_size is not None and args.world_size != cfg.world:
         raise ConfigError("--world-size", "%d does not match the %d addresses in --workers" % (
             args.world_size, cfg.world))

@@ -12,7 +12,7 @@ import numpy as np
 from hostapps.collectives import PS_PULL, PS_PUSH, assign_shards
 from hostapps.config import RunConfig, build_model
 from hostapps.model import FlatModel, Sgd
-from hostapps.policies import SendLoop, Unit, make_policy
+from hostapps.policies import SendLoop, Unit, make_policy, time_oracle
 from hostapps.records import Recorder
 from hostapps.transport import MessageKey, Peer, Transport, TransportError
 from hostapps.worker import connect_transport
@@ -28,13 +28,16 @@ class ParameterShard:
         self.workers = [Peer("worker", r) for r in range(cfg.world)]
         self.sgd = Sgd(cfg.lr, cfg.momentum, model.params.size)
         self.scratch = np.empty(max(model.layers[t].size for t in self.tensors), dtype=np.float32)
-        self.senders = [SendLoop("send-%s" % (worker,), make_policy(cfg.policy), self._sender(worker), transport.abort)
-                        for worker in self.workers]
+        oracle = time_oracle(model, cfg.link_mbps)
+        # One queue per worker: when many tensors are updated at once, the policy orders each worker's returns.
+        self.senders = [SendLoop("send-%s" % (worker,), make_policy(cfg.policy, oracle), self._sender(worker),
+                                 transport.abort) for worker in self.workers]
 
     def _sender(self, worker: Peer):
-        def send(unit: Unit) -> None:
-            self.transport.send(worker, MessageKey(unit.iteration, unit.tensor, PS_PULL),
-                                self.model.layer_params(unit.tensor))
+        def send(units: list[Unit]) -> None:
+            for unit in units:
+                self.transport.send(worker, MessageKey(unit.iteration, unit.tensor, PS_PULL),
+                                    self.model.layer_params(unit.tensor))
         return send
 
     def _check(self) -> None:

@@ -8,16 +8,18 @@ pulled from its parameter-server shard).
 import os
 import threading
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
-from hostapps.collectives import (PS_PULL, PS_PUSH, assign_shards, make_buckets, ring_allreduce,
-                                  ring_neighbours)
+from hostapps.collectives import (PS_PULL, PS_PUSH, Segment, assign_shards, chunk_bounds, make_buckets,
+                                  max_segments, pipelined_ring_allreduce, ring_min, ring_neighbours,
+                                  ring_step_count, split_bytes)
 from hostapps.config import RunConfig, build_model
 from hostapps.data import ShardedBatches, load_split
+from hostapps.mlt import MltOptions, MltTransport
 from hostapps.model import FlatModel, Network, Sgd
-from hostapps.policies import SendLoop, Unit, make_policy
+from hostapps.policies import Agree, SendLoop, Unit, make_policy, time_oracle
 from hostapps.records import Recorder
 from hostapps.transport import MessageKey, Peer, TcpTransport, Transport
 
@@ -28,13 +30,18 @@ class GradientSync:
     def __init__(self, cfg: RunConfig, transport: Transport, model: FlatModel, recorder: Recorder):
         self.cfg, self.transport, self.model, self.recorder = cfg, transport, model, recorder
         self.wait_s = 0.0  # time the compute thread spent blocked on communication
-        self.loop = SendLoop("comm", make_policy(cfg.policy), self.communicate, transport.abort)
+        self.policy = make_policy(cfg.policy, time_oracle(model, cfg.link_mbps))
+        self.loop = SendLoop("comm", self.policy, self.communicate, transport.abort, *self.batching())
 
     def check(self) -> None:
         if self.loop.error is not None:
             raise self.loop.error
 
-    def communicate(self, unit: Unit) -> None:
+    def batching(self) -> tuple[Agree | None, int]:
+        """The SendLoop's agreement collective and credit bytes: none by default, one unit at a time."""
+        return None, 0
+
+    def communicate(self, units: list[Unit]) -> None:
         raise NotImplementedError
 
     def gradient_ready(self, iteration: int, layer: int) -> None:
@@ -57,40 +64,93 @@ class GradientSync:
         self.check()
 
 
+class Piece(NamedTuple):
+    """What one all-reduce unit covers: its layers and its slice of the flat buffers."""
+    layers: tuple[int, ...]
+    where: slice
+
+
+def plan_pieces(model: FlatModel, cfg: RunConfig) -> list[Piece]:
+    """The all-reduce units, in backward order: partitions of each layer (bytescheduler), buckets
+    doubling from --partition-bytes (caramel), or --fusion buckets."""
+    sizes = [int(model.layer_grads(i).nbytes) for i in range(len(model.layers))]
+    if cfg.policy == "bytescheduler":
+        pieces = []
+        for layer in reversed(range(len(sizes))):
+            where = model.layer_slice((layer,))
+            for lo, hi in chunk_bounds(where.stop - where.start, split_bytes(sizes[layer], cfg.partition_bytes)):
+                pieces.append(Piece((layer,), slice(where.start + lo, where.start + hi)))
+        return pieces
+    buckets = (make_buckets(sizes, cfg.partition_bytes, growth=2) if cfg.policy == "caramel"
+               else make_buckets(sizes, cfg.fusion_bytes))
+    return [Piece(layers, model.layer_slice(layers)) for layers in buckets]
+
+
 class AllReduceSync(GradientSync):
-    """Ring all-reduce of each bucket once all its layers' gradients exist, then a local SGD step."""
+    """Ring all-reduce of each piece once all its layers' gradients exist, then a local SGD step."""
 
     def __init__(self, cfg: RunConfig, transport: Transport, model: FlatModel, recorder: Recorder):
-        super().__init__(cfg, transport, model, recorder)
-        sizes = [int(model.layer_grads(i).nbytes) for i in range(len(model.layers))]
-        self.buckets = make_buckets(sizes, cfg.fusion_bytes)
-        self.bucket_of = {layer: b for b, layers in enumerate(self.buckets) for layer in layers}
-        self.pending = {b: len(layers) for b, layers in enumerate(self.buckets)}
+        self.pieces = plan_pieces(model, cfg)
+        self.agreement_tensor = len(self.pieces)  # tensor id of bytescheduler's ready-count agreement
+        self.agreement_iteration, self.agreements = -1, 0
+        self.pieces_of_layer: list[list[int]] = [[] for _ in model.layers]
+        for p, piece in enumerate(self.pieces):
+            for layer in piece.layers:
+                self.pieces_of_layer[layer].append(p)
+        self.layers_missing = [len(piece.layers) for piece in self.pieces]  # per piece, this iteration
+        self.pieces_missing = [len(pieces) for pieces in self.pieces_of_layer]  # per layer, this iteration
         self.left, self.right = ring_neighbours(cfg.rank, cfg.world)
-        largest = max(model.layer_slice(layers).stop - model.layer_slice(layers).start for layers in self.buckets)
+        largest = max(piece.where.stop - piece.where.start for piece in self.pieces)
         self.scratch = np.empty(largest // cfg.world + 1, dtype=np.float32)  # one ring chunk
         self.sgd = Sgd(cfg.lr, cfg.momentum, model.params.size)
         self.updated = [-1] * len(model.layers)  # last iteration whose update each layer holds
         self.cond = threading.Condition()
+        super().__init__(cfg, transport, model, recorder)
+
+    def batching(self) -> tuple[Agree | None, int]:
+        # A policy that reorders must pick among units every rank has, or the ring deadlocks.
+        return (None, 0) if self.cfg.policy in ("ready", "caramel") else (self.agree, self.cfg.credit_bytes)
+
+    def agree(self, first: Unit, arrivals: int) -> int:
+        """How many units have arrived on every rank (backprop puts them in the same order everywhere)."""
+        if first.iteration != self.agreement_iteration:
+            self.agreement_iteration, self.agreements = first.iteration, 0
+        key = MessageKey(first.iteration, self.agreement_tensor, self.agreements * (self.cfg.world - 1))
+        self.agreements += 1
+        return ring_min(self.transport, self.left, self.right, self.cfg.world, key, arrivals)
 
     def gradient_ready(self, iteration: int, layer: int) -> None:
         self.check()
-        b = self.bucket_of[layer]
-        self.pending[b] -= 1
-        if self.pending[b] == 0:
-            self.pending[b] = len(self.buckets[b])
-            where = self.model.layer_slice(self.buckets[b])
-            self.loop.queue.put(Unit(iteration, b, self.buckets[b], (where.stop - where.start) * 4))
+        for p in self.pieces_of_layer[layer]:
+            self.layers_missing[p] -= 1
+            if self.layers_missing[p] == 0:
+                piece = self.pieces[p]
+                self.layers_missing[p] = len(piece.layers)
+                self.loop.queue.put(Unit(iteration, p, piece.layers, (piece.where.stop - piece.where.start) * 4))
 
-    def communicate(self, unit: Unit) -> None:
-        where = self.model.layer_slice(unit.layers)
-        with self.recorder.span("allreduce %s" % self.tensor_names()[unit.tensor][0], "comm"):
-            ring_allreduce(self.transport, self.left, self.right, self.cfg.rank, self.cfg.world,
-                           unit.iteration, unit.tensor, self.model.grads[where], self.scratch)
-        self.sgd.step(where, self.model.params, self.model.grads)
+    def communicate(self, units: list[Unit]) -> None:
+        """All-reduce a batch of units (all of one iteration) as one pipeline; caramel cuts each into
+        --partition-bytes segments."""
+        world, segments = self.cfg.world, []
+        for unit in units:
+            flat = self.model.grads[self.pieces[unit.tensor].where]
+            parts = (min(split_bytes(unit.nbytes, self.cfg.partition_bytes), max_segments(world))
+                     if self.cfg.policy == "caramel" else 1)
+            segments += [Segment(unit.tensor, k * ring_step_count(world), flat[lo:hi])
+                         for k, (lo, hi) in enumerate(chunk_bounds(flat.size, parts))]
+        names = self.tensor_names()
+        with self.recorder.span("allreduce %s" % " ".join(names[u.tensor][0] for u in units), "comm"):
+            pipelined_ring_allreduce(self.transport, self.left, self.right, self.cfg.rank, world,
+                                     units[0].iteration, segments, self.scratch)
+        for unit in units:
+            self.sgd.step(self.pieces[unit.tensor].where, self.model.params, self.model.grads)
         with self.cond:
-            for layer in unit.layers:
-                self.updated[layer] = unit.iteration
+            for unit in units:
+                for layer in unit.layers:
+                    self.pieces_missing[layer] -= 1
+                    if self.pieces_missing[layer] == 0:
+                        self.pieces_missing[layer] = len(self.pieces_of_layer[layer])
+                        self.updated[layer] = unit.iteration
             self.cond.notify_all()
 
     def wait_params(self, iteration: int, layer: int) -> None:
@@ -104,8 +164,9 @@ class AllReduceSync(GradientSync):
         self.wait_s += time.time() - start
 
     def tensor_names(self) -> dict[int, tuple[str, str]]:
-        return {b: (self.model.layers[layers[0]].name if len(layers) == 1 else "bucket%d" % b,
-                    "+".join(map(str, layers))) for b, layers in enumerate(self.buckets)}
+        names = {p: (self.model.layers[piece.layers[0]].name if len(piece.layers) == 1 else "bucket%d" % p,
+                     "+".join(map(str, piece.layers))) for p, piece in enumerate(self.pieces)}
+        return {**names, self.agreement_tensor: ("agreement", "")}
 
 
 class PushPullSync(GradientSync):
@@ -121,10 +182,10 @@ class PushPullSync(GradientSync):
         self.check()
         self.loop.queue.put(Unit(iteration, layer, (layer,), int(self.model.layer_grads(layer).nbytes)))
 
-    def communicate(self, unit: Unit) -> None:
-        layer = unit.tensor
-        self.transport.send(self.server_of[layer], MessageKey(unit.iteration, layer, PS_PUSH),
-                            self.model.layer_grads(layer))
+    def communicate(self, units: list[Unit]) -> None:
+        for unit in units:
+            self.transport.send(self.server_of[unit.tensor], MessageKey(unit.iteration, unit.tensor, PS_PUSH),
+                                self.model.layer_grads(unit.tensor))
 
     def wait_params(self, iteration: int, layer: int) -> None:
         if iteration == 0 or self.pulled[layer] >= iteration - 1:
@@ -141,11 +202,17 @@ class PushPullSync(GradientSync):
         return self.model.layer_tensor_names()
 
 
-def connect_transport(cfg: RunConfig, recorder: Recorder) -> TcpTransport:
+def connect_transport(cfg: RunConfig, recorder: Recorder) -> TcpTransport | MltTransport:
     """Open this process's connections: ring neighbours in allreduce; every worker-server pair in ps."""
     me = Peer(cfg.role, cfg.rank)
     listen = (cfg.workers if cfg.role == "worker" else cfg.servers)[cfg.rank]
-    transport = TcpTransport(me, listen, cfg.job, cfg.timeout, recorder.log_message)
+    if cfg.transport == "mlt":
+        options = MltOptions(cfg.loss_bound, cfg.sport_range, cfg.mtu_payload, cfg.quiet_ms / 1000, cfg.link_mbps,
+                             cfg.drop_marking, cfg.layer_dscp)
+        transport: TcpTransport | MltTransport = MltTransport(me, listen, cfg.job, cfg.timeout,
+                                                              recorder.log_message, options)
+    else:
+        transport = TcpTransport(me, listen, cfg.job, cfg.timeout, recorder.log_message)
     dial, accept = {}, {}
     if cfg.role == "server":
         accept = {Peer("worker", r): address for r, address in enumerate(cfg.workers)}

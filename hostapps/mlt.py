@@ -1,0 +1,587 @@
+"""Order-free, loss-tolerant UDP transport for tensor messages (`--transport mlt`).
+
+Datagrams: every datagram is self-describing (codec header + DATAGRAM
+extension: job, iteration, tensor, step, offset, length, total, sequence,
+sender), so the receiver writes each payload straight into the message buffer
+at its offset: arrival order does not matter and duplicates are ignored.  Data
+leaves from a source port drawn per datagram from a pool of --sport-range
+bound sockets, so a fabric that hashes the UDP 5-tuple (spray mode, OVS
+dp_hash) spreads one message over every spine.  Each process has one home
+socket at its --workers/--servers address; data and the control channel
+(ACK/NACK, HELLO/BYE/ABORT) all arrive there.
+
+Completion (receiver): a message is complete as soon as all its bytes arrived,
+or once at least (1 - loss_bound) of them arrived and nothing for it arrived
+for a quiet period of max(--quiet-ms, 4 x its mean inter-arrival gap), so a
+slowly paced sender is not cut short.  It is then ACKed with the delivered
+byte count.  A quiet message below the bound is NACKed with a bitmap of its
+missing fragments (again after every further quiet period); the sender keeps
+every message until it is ACKed and retransmits exactly the NACKed fragments.
+A sender that hears nothing for a while re-sends the message's last fragment,
+which makes the receiver ACK or NACK it.  loss_bound 0 is fully reliable.
+
+Lost bytes: gradients (messages from workers) are zero-filled, not rescaled:
+the aggregators (ring all-reduce, PS shard) stay transport-agnostic, and a zero
+is that worker skipping the update of those coordinates (the mean shrinks by
+at most the loss bound).  Parameters (messages from a server, the PS pull)
+keep the receiver's previous values: recv writes only delivered ranges.
+
+Rate control (sender, per peer): datagrams are paced at a rate that starts at
+--link-mbps and never exceeds it.  The first feedback on each message carries
+its loss (1 - delivered/total): a loss-free message adds 1/32 of the link rate,
+a lossy one multiplies the rate by (1 - loss/2), never below 1/100 of the link
+rate.  Senders that share a link (incast at a PS) thus back off when its queue
+drops and probe back up.
+
+Drop marking (--drop-marking with loss_bound > 0): a worker sends the
+floor(loss_bound x fragments) fragments of a gradient with the smallest
+max |value| with DSCP 1 (LE, RFC 8622) from a separate socket pool; the rest go
+with the DSCP chosen by set_dscp for that peer (default 0).
+"""
+import itertools
+import math
+import queue
+import random
+import socket
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from hostapps import codec
+from hostapps.transport import (Address, Mailbox, MessageKey, Peer, TensorLog, Transport, TransportError,
+                                describe_key, format_address)
+
+LE_DSCP = 1                    # RFC 8622 lower-effort
+RTO_S = 0.1                    # silence after a send pass before the sender probes
+MAX_RTO_S = 1.0
+HELLO_INTERVAL_S = 0.05
+PACING_BURST_S = 0.002         # a sender may run this far ahead of its rate after idling
+PACING_MIN_SLEEP_S = 0.001     # shorter delays are accumulated: sleep() is coarse
+RECEIVE_BUFFER_BYTES = 8 << 20
+COMPLETED_MEMORY = 4096        # completed messages remembered to re-ACK late duplicates
+UDP_IP_OVERHEAD = 28
+
+# A test hook: called with each data frame about to be sent; True drops it.
+DropFunction = Callable[[codec.Frame], bool]
+
+
+@dataclass
+class MltOptions:
+    loss_bound: float = 0.0    # fraction of a message's bytes that may stay missing
+    sport_range: int = 64      # source sockets per DSCP pool
+    mtu_payload: int = 1400    # payload bytes per datagram (a multiple of 4)
+    quiet_s: float = 0.005
+    link_mbps: float = 100.0
+    drop_marking: bool = False
+    # DSCP per tensor id (a layer, unless fused) from the controller's scheduling policy;
+    # tensors not in it take the peer's DSCP (set_dscp)
+    tensor_dscp: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass
+class MltStats:
+    datagrams_sent: int = 0
+    datagrams_dropped: int = 0       # by the drop hook
+    datagrams_marked: int = 0        # sent with LE_DSCP
+    fragments_retransmitted: int = 0
+    probes: int = 0
+    nacks_sent: int = 0
+    nack_max_delivered: float = 0.0  # highest delivered fraction of a message that was NACKed
+    ignored: int = 0                 # malformed or foreign datagrams
+
+
+def allowed_missing_bytes(total: int, loss_bound: float) -> int:
+    return math.floor(loss_bound * total + 1e-9)  # so that 0.29 * 100 allows 29 bytes
+
+
+def fragment_count(total: int, fragment_bytes: int) -> int:
+    return -(-total // fragment_bytes)
+
+
+class Reassembly:
+    """One incoming message: its buffer, which fragments arrived, and the completion rule (no sockets)."""
+
+    def __init__(self, total: int, fragment_bytes: int, now: float):
+        self.total, self.fragment_bytes = total, fragment_bytes
+        self.buffer = np.zeros(total, dtype=np.uint8)  # what never arrives reads as zero
+        self._view = memoryview(self.buffer)
+        self.received = np.zeros(max(1, fragment_count(total, fragment_bytes)), dtype=bool)
+        self.delivered = 0
+        self.arrivals = 0
+        self.first_arrival = self.last_arrival = now
+        self.last_nack = -math.inf
+        self.start_wall = time.time()
+
+    def add(self, offset: int, total: int, fragment_bytes: int, payload: memoryview, now: float) -> bool:
+        """Place one fragment; False for a duplicate."""
+        if total != self.total or fragment_bytes != self.fragment_bytes:
+            raise codec.FrameError("fragment of a %d-byte message in %d-byte pieces, expected %d in %d" % (
+                total, fragment_bytes, self.total, self.fragment_bytes))
+        index = offset // fragment_bytes
+        if self.received[index]:
+            return False
+        self.received[index] = True
+        self._view[offset:offset + len(payload)] = payload
+        self.delivered += len(payload)
+        self.arrivals += 1
+        self.last_arrival = now
+        return True
+
+    @property
+    def delivered_fraction(self) -> float:
+        return self.delivered / self.total if self.total else 1.0
+
+    def within_bound(self, loss_bound: float) -> bool:
+        return self.total - self.delivered <= allowed_missing_bytes(self.total, loss_bound)
+
+    def quiet_period(self, quiet_s: float) -> float:
+        if self.arrivals < 2:
+            return quiet_s
+        return max(quiet_s, 4 * (self.last_arrival - self.first_arrival) / (self.arrivals - 1))
+
+    def due(self, now: float, loss_bound: float, quiet_s: float) -> str | None:
+        """'complete', 'nack' or None (keep waiting) for a message that is not yet whole."""
+        quiet = self.quiet_period(quiet_s)
+        if now - self.last_arrival < quiet:
+            return None
+        if self.within_bound(loss_bound):
+            return "complete"
+        return "nack" if now - self.last_nack >= quiet else None
+
+    def missing_bitmap(self) -> bytes:
+        return np.packbits(~self.received, bitorder="little").tobytes()
+
+    def copy_into(self, out: np.ndarray, keep_unreceived: bool) -> None:
+        """Write the message into out: missing bytes zero, or (keep_unreceived) left as they were."""
+        target = out.reshape(-1).view(np.uint8)
+        if keep_unreceived and self.delivered < self.total:
+            mask = np.repeat(self.received, self.fragment_bytes)[:self.total]
+            np.copyto(target, self.buffer, where=mask)
+        else:
+            target[:] = self.buffer
+
+
+def missing_fragments(bitmap: bytes | memoryview, total: int, fragment_bytes: int) -> np.ndarray:
+    """Fragment indices whose bit is set in a NACK bitmap."""
+    bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8), bitorder="little")
+    return np.flatnonzero(bits[:fragment_count(total, fragment_bytes)])
+
+
+def least_important_fragments(values: np.ndarray, fragment_bytes: int, share: float) -> np.ndarray | None:
+    """Per fragment of a float32 gradient: True for the floor(share x fragments) with smallest max |value|."""
+    if values.dtype != np.float32 or values.size == 0:
+        return None
+    per = fragment_bytes // 4
+    count = fragment_count(values.size, per)
+    magnitude = np.zeros(count * per, dtype=np.float32)
+    np.abs(values.reshape(-1), out=magnitude[:values.size])
+    magnitude = magnitude.reshape(count, per).max(axis=1)
+    marked = np.zeros(count, dtype=bool)
+    chosen = math.floor(share * count + 1e-9)
+    if chosen:
+        marked[np.argpartition(magnitude, chosen - 1)[:chosen]] = True
+    return marked
+
+
+class RateControl:
+    """Paced sending rate towards one peer: AIMD on the loss each message's first feedback reports."""
+
+    def __init__(self, link_bytes_per_s: float):
+        self.ceiling = link_bytes_per_s
+        self.floor = link_bytes_per_s / 100
+        self.increase = link_bytes_per_s / 32
+        self.rate = link_bytes_per_s
+        self._virtual_time = 0.0
+        self._lock = threading.Lock()
+
+    def on_feedback(self, lost_fraction: float) -> None:
+        with self._lock:
+            if lost_fraction <= 0:
+                self.rate = min(self.ceiling, self.rate + self.increase)
+            else:
+                self.rate = max(self.floor, self.rate * (1 - min(1.0, lost_fraction) / 2))
+
+    def reserve(self, nbytes: int, now: float) -> float:
+        """Account nbytes about to be sent; return how long to wait first."""
+        with self._lock:
+            self._virtual_time = max(self._virtual_time, now - PACING_BURST_S) + nbytes / self.rate
+            return self._virtual_time - now
+
+
+@dataclass
+class Outgoing:
+    """A sent message kept until its receiver ACKs it."""
+    peer: Peer
+    key: MessageKey
+    payload: np.ndarray             # uint8 copy: the caller may reuse its array
+    marked: np.ndarray | None       # per fragment: send with LE_DSCP
+    dscp: int
+    deadline: float = math.inf      # no feedback by then: the peer is gone
+    probe_at: float = math.inf
+    rto: float = RTO_S
+    busy: bool = True               # a send pass is running or queued
+    rated: bool = False             # its loss was already fed to the rate control
+
+
+def _dscp_socket_pool(host: str, count: int, dscp: int) -> list[socket.socket]:
+    pool = []
+    for _ in range(count):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind((host, 0))
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, dscp << 2)
+        pool.append(sock)
+    return pool
+
+
+class MltTransport(Transport):
+    """UDP datagrams sprayed over source ports, with ACK/NACK recovery up to a loss bound."""
+
+    def __init__(self, me: Peer, listen: Address, job: int, timeout: float, log: TensorLog | None = None,
+                 options: MltOptions | None = None, drop: DropFunction | None = None):
+        self.me, self.listen_address, self.job, self.timeout = me, listen, job, timeout
+        self.options = options or MltOptions()
+        self.stats = MltStats()
+        self._log, self._drop = log, drop
+        self._quiet_s = self.options.quiet_s
+        self._fragment_bytes = self.options.mtu_payload
+        self._names: dict[Peer, str] = {}
+        self._addresses: dict[Peer, Address] = {}
+        self.mailbox = Mailbox(self._names)
+        self._rates: dict[Peer, RateControl] = {}
+        self._dscp: dict[Peer, int] = {}
+        self._pools: dict[int, list[socket.socket]] = {}
+        self._pool_lock = threading.Lock()
+        self._sequence = itertools.count()
+        self._lock = threading.Condition()  # guards _outgoing, _gone, _heard, _byes
+        self._outgoing: dict[tuple[Peer, MessageKey], Outgoing] = {}
+        self._gone: dict[Peer, str] = {}
+        self._heard: set[Peer] = set()
+        self._byes: set[Peer] = set()
+        self._incoming: dict[tuple[Peer, MessageKey], Reassembly] = {}  # receive thread only
+        self._completed: OrderedDict[tuple[Peer, MessageKey], list[float]] = OrderedDict()  # [delivered, last ACK]
+        self._retransmits: queue.Queue[tuple[Outgoing, Sequence[int]] | None] = queue.Queue()
+        self._stopped = threading.Event()
+        self._home = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._home.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER_BYTES)
+        try:
+            self._home.bind(listen)
+        except OSError as e:
+            self._home.close()
+            raise TransportError("%s cannot listen on %s: %s" % (me, format_address(listen), e.strerror or e))
+        self._home.settimeout(max(0.001, self._quiet_s / 2))
+        self._threads = [threading.Thread(target=self._receive_loop, daemon=True, name="mlt-recv-%s" % (me,)),
+                         threading.Thread(target=self._retransmit_loop, daemon=True, name="mlt-rexmit-%s" % (me,))]
+        for thread in self._threads:
+            thread.start()
+
+    # --- set-up and shutdown
+
+    def connect(self, dial: dict[Peer, Address], accept: dict[Peer, Address]) -> None:
+        """Exchange HELLOs with every peer (dial and accept are alike for UDP) within the timeout."""
+        peers = {**dial, **accept}
+        for peer, address in peers.items():
+            self._names[peer] = "%s (%s)" % (peer, format_address(address))
+            self._rates[peer] = RateControl(self.options.link_mbps * 1e6 / 8)
+        self._addresses.update(peers)
+        deadline = time.monotonic() + self.timeout
+        with self._lock:
+            while missing := set(peers) - self._heard:
+                if time.monotonic() >= deadline:
+                    raise TransportError("%s never answered within %.1f s" % (
+                        ", ".join(self._names[p] for p in sorted(missing)), self.timeout))
+                for peer in missing:
+                    self._control(peer, codec.KIND_HELLO)
+                self._lock.wait(HELLO_INTERVAL_S)
+
+    def set_dscp(self, peer: Peer, dscp: int) -> None:
+        """DSCP of the (important) datagrams sent to `peer` from now on; for priority policies."""
+        if not 0 <= dscp < 64:
+            raise ValueError("DSCP %d is not in 0..63" % dscp)
+        self._dscp[peer] = dscp
+
+    def close(self) -> None:
+        """Wait until every sent message is ACKed, then exchange BYEs (re-ACKing peers meanwhile)."""
+        # Each message fails by itself within the timeout of its last feedback; twice that is a safety net.
+        deadline = time.monotonic() + 2 * self.timeout
+        with self._lock:
+            while self._outgoing and not self._stopped.is_set() and time.monotonic() < deadline:
+                self._lock.wait(0.05)
+            unacknowledged = sorted({str(m.peer) for m in self._outgoing.values()})
+            failure = next(iter(self._gone.items()), None)
+        if failure or unacknowledged:
+            self.abort()
+            raise TransportError("%s %s" % (self._names[failure[0]], failure[1]) if failure else
+                                 "%s: closing with messages to %s unacknowledged" % (self.me, ", ".join(unacknowledged)))
+        deadline = time.monotonic() + self.timeout
+        with self._lock:
+            while (set(self._addresses) - self._byes) and time.monotonic() < deadline:
+                for peer in set(self._addresses) - self._byes:
+                    self._control(peer, codec.KIND_BYE)
+                self._lock.wait(HELLO_INTERVAL_S)
+        self._shutdown()
+
+    def abort(self) -> None:
+        if not self._stopped.is_set():
+            for peer in self._addresses:
+                self._control(peer, codec.KIND_ABORT)
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        self._stopped.set()
+        self._retransmits.put(None)
+        with self._lock:
+            self._lock.notify_all()
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(self.timeout)
+        for sock in [self._home, *itertools.chain(*self._pools.values())]:
+            sock.close()
+
+    # --- sending
+
+    def send(self, peer: Peer, key: MessageKey, array: np.ndarray) -> None:
+        self._check_peer(peer)
+        values = np.ascontiguousarray(array)
+        payload = values.reshape(-1).view(np.uint8).copy()
+        marked = None
+        if self.options.drop_marking and self.options.loss_bound > 0 and self.me.role == "worker":
+            marked = least_important_fragments(values, self._fragment_bytes, self.options.loss_bound)
+        dscp = self.options.tensor_dscp.get(key.tensor, self._dscp.get(peer, 0))
+        message = Outgoing(peer, key, payload, marked, dscp)
+        with self._lock:
+            self._outgoing[(peer, key)] = message
+        start = time.time()
+        self._send_pass(message, range(max(1, fragment_count(payload.size, self._fragment_bytes))))
+        if self._log:
+            self._log(key.iteration, key.tensor, key.step, payload.size, "send", peer, start, time.time(), 1.0)
+
+    def _pool(self, dscp: int) -> list[socket.socket]:
+        with self._pool_lock:
+            if dscp not in self._pools:
+                self._pools[dscp] = _dscp_socket_pool(self.listen_address[0], self.options.sport_range, dscp)
+            return self._pools[dscp]
+
+    def _send_pass(self, message: Outgoing, fragments: Sequence[int]) -> None:
+        """Send the given fragments paced, each from a random source port; then arm the probe timer."""
+        total, size = message.payload.size, self._fragment_bytes
+        view = memoryview(message.payload)
+        address = self._addresses[message.peer]
+        rate = self._rates[message.peer]
+        pools = {message.dscp: self._pool(message.dscp)}
+        if message.marked is not None:
+            pools[LE_DSCP] = self._pool(LE_DSCP)
+        ports = random.choices(range(self.options.sport_range), k=len(fragments))
+        key = message.key
+        for index, port in zip(fragments, ports):
+            offset = index * size
+            length = min(size, total - offset)
+            frame = codec.Frame(codec.KIND_DATA, self.me.role, self.me.rank, key.step, self.job, key.iteration,
+                                key.tensor, offset, length, total)
+            delay = rate.reserve(length + codec.DATAGRAM_HEADER_BYTES + UDP_IP_OVERHEAD, time.monotonic())
+            if delay > PACING_MIN_SLEEP_S:
+                time.sleep(delay)
+            if self._stopped.is_set():
+                raise TransportError("%s: transport closed while sending %s" % (self.me, describe_key(key)))
+            if self._drop is not None and self._drop(frame):
+                self.stats.datagrams_dropped += 1
+                continue
+            low = message.marked is not None and message.marked[index]
+            header = codec.encode_datagram_header(frame, next(self._sequence) & 0xFFFFFFFF, size)
+            pools[LE_DSCP if low else message.dscp][port].sendmsg([header, view[offset:offset + length]], [], 0,
+                                                                   address)
+            self.stats.datagrams_sent += 1
+            self.stats.datagrams_marked += low
+        now = time.monotonic()
+        with self._lock:
+            message.busy = False
+            message.probe_at = now + message.rto
+            message.deadline = min(message.deadline, now + self.timeout)  # only feedback extends it
+
+    def _retransmit_loop(self) -> None:
+        while (item := self._retransmits.get()) is not None:
+            message, fragments = item
+            try:
+                self._send_pass(message, fragments)
+            except (OSError, TransportError) as e:
+                if not self._stopped.is_set():
+                    self._fail_peer(message.peer, "could not be sent to (%s)" % e)
+                return
+
+    def _check_peer(self, peer: Peer) -> None:
+        with self._lock:
+            if peer in self._gone:
+                raise TransportError("%s %s" % (self._names[peer], self._gone[peer]))
+        if self._stopped.is_set():
+            raise TransportError("%s: transport is closed" % self.me)
+
+    def _fail_peer(self, peer: Peer, reason: str) -> None:
+        with self._lock:
+            self._gone.setdefault(peer, reason)
+            for ident in [ident for ident in self._outgoing if ident[0] == peer]:
+                del self._outgoing[ident]
+            self._lock.notify_all()
+        self.mailbox.peer_gone(peer, reason)
+
+    def _on_feedback(self, peer: Peer, datagram: codec.Datagram, now: float) -> None:
+        frame = datagram.frame
+        key = MessageKey(frame.iteration, frame.tensor, frame.step)
+        with self._lock:
+            message = self._outgoing.get((peer, key))
+            if message is None or frame.total != message.payload.size:
+                return  # a duplicate feedback for a message already ACKed
+            message.deadline = now + self.timeout
+            message.rto = RTO_S
+            first, message.rated = not message.rated, True
+            if frame.kind == codec.KIND_ACK:
+                del self._outgoing[(peer, key)]
+                self._lock.notify_all()
+            elif not message.busy:  # a NACK; one already being served is not served twice
+                message.busy = True
+                missing = missing_fragments(datagram.payload, frame.total, datagram.fragment_bytes)
+                self.stats.fragments_retransmitted += len(missing)
+                self._retransmits.put((message, missing))
+        if first:
+            self._rates[peer].on_feedback(1 - datagram.delivered / frame.total if frame.total else 0.0)
+
+    # --- receiving
+
+    def recv(self, peer: Peer, key: MessageKey, out: np.ndarray) -> float:
+        arrival: Reassembly = self.mailbox.take(peer, key, self.timeout)  # type: ignore[assignment]
+        if arrival.total != out.nbytes:
+            raise TransportError("%s from %s has %d bytes, expected %d" % (
+                describe_key(key), self._names[peer], arrival.total, out.nbytes))
+        arrival.copy_into(out, keep_unreceived=peer.role == "server")
+        return arrival.delivered_fraction
+
+    def wait_any(self, wanted: Iterable[tuple[Peer, MessageKey]]) -> tuple[Peer, MessageKey]:
+        return self.mailbox.wait_any(wanted, self.timeout)
+
+    def _control(self, peer: Peer, kind: int, step: int = 0) -> None:
+        frame = codec.Frame(kind, self.me.role, self.me.rank, step, self.job, 0, 0, 0, 0, 0)
+        self._send_control(peer, codec.encode_datagram_header(frame, 0, 0))
+
+    def _send_control(self, peer: Peer, datagram: bytes) -> None:
+        try:
+            self._home.sendto(datagram, self._addresses[peer])
+        except OSError:
+            pass  # best effort: a lost control datagram is repeated by its timer
+
+    def _feedback(self, peer: Peer, key: MessageKey, reassembly: Reassembly, kind: int) -> None:
+        bitmap = reassembly.missing_bitmap() if kind == codec.KIND_NACK else b""
+        frame = codec.Frame(kind, self.me.role, self.me.rank, key.step, self.job, key.iteration, key.tensor,
+                            0, len(bitmap), reassembly.total)
+        self._send_control(peer, codec.encode_datagram_header(
+            frame, 0, reassembly.fragment_bytes, reassembly.delivered) + bitmap)
+
+    def _receive_loop(self) -> None:
+        buffer = bytearray(65536)
+        view = memoryview(buffer)
+        next_tick = 0.0
+        try:
+            while not self._stopped.is_set():
+                try:
+                    n = self._home.recv_into(buffer)
+                except socket.timeout:
+                    n = -1
+                now = time.monotonic()
+                if n >= 0:
+                    try:
+                        self._on_datagram(codec.decode_datagram(view[:n]), now)
+                    except codec.FrameError:
+                        self.stats.ignored += 1
+                if now >= next_tick:
+                    self._tick(now)
+                    next_tick = now + self._quiet_s / 2
+        except BaseException as e:  # a bug here must fail the job, not look like a silent peer
+            if not self._stopped.is_set():
+                for peer in self._addresses:
+                    self._fail_peer(peer, "is unreachable: %s receiver failed (%r)" % (self.me, e))
+
+    def _on_datagram(self, datagram: codec.Datagram, now: float) -> None:
+        frame = datagram.frame
+        peer = Peer(frame.role, frame.rank)
+        if frame.job != self.job or peer not in self._addresses:
+            self.stats.ignored += 1
+            return
+        if frame.kind == codec.KIND_DATA:
+            self._on_data(peer, datagram, now)
+        elif frame.kind in (codec.KIND_ACK, codec.KIND_NACK):
+            self._on_feedback(peer, datagram, now)
+        elif frame.kind == codec.KIND_HELLO:
+            with self._lock:
+                self._heard.add(peer)
+                self._lock.notify_all()
+            if frame.step == 0:
+                self._control(peer, codec.KIND_HELLO, step=1)
+        elif frame.kind == codec.KIND_BYE:
+            with self._lock:
+                self._byes.add(peer)
+                self._lock.notify_all()
+            self.mailbox.peer_gone(peer, "closed the connection")
+            if frame.step == 0:
+                self._control(peer, codec.KIND_BYE, step=1)
+        elif frame.kind == codec.KIND_ABORT:
+            self._fail_peer(peer, "aborted")
+
+    def _on_data(self, peer: Peer, datagram: codec.Datagram, now: float) -> None:
+        frame = datagram.frame
+        key = MessageKey(frame.iteration, frame.tensor, frame.step)
+        ident = (peer, key)
+        reassembly = self._incoming.get(ident)
+        if reassembly is None:
+            done = self._completed.get(ident)
+            if done is not None:  # a late duplicate or a probe: our ACK may have been lost
+                if now - done[1] >= self._quiet_s:
+                    done[1] = now
+                    self._send_control(peer, codec.encode_datagram_header(frame._replace(
+                        kind=codec.KIND_ACK, role=self.me.role, rank=self.me.rank, offset=0, length=0),
+                        0, datagram.fragment_bytes, int(done[0])))
+                return
+            reassembly = self._incoming[ident] = Reassembly(frame.total, datagram.fragment_bytes, now)
+        reassembly.add(frame.offset, frame.total, datagram.fragment_bytes, datagram.payload, now)
+        if reassembly.delivered == reassembly.total:
+            self._complete(peer, key, reassembly, now)
+
+    def _complete(self, peer: Peer, key: MessageKey, reassembly: Reassembly, now: float) -> None:
+        del self._incoming[(peer, key)]
+        self._completed[(peer, key)] = [reassembly.delivered, now]
+        if len(self._completed) > COMPLETED_MEMORY:
+            self._completed.popitem(last=False)
+        self._feedback(peer, key, reassembly, codec.KIND_ACK)
+        if self._log:
+            self._log(key.iteration, key.tensor, key.step, reassembly.total, "recv", peer, reassembly.start_wall,
+                      time.time(), reassembly.delivered_fraction)
+        self.mailbox.put(peer, key, reassembly)  # type: ignore[arg-type]  # recv() knows what it gets
+
+    def _tick(self, now: float) -> None:
+        """Timers: complete or NACK quiet messages; probe or give up on unacknowledged ones."""
+        for (peer, key), reassembly in list(self._incoming.items()):
+            if now - reassembly.last_arrival > self.timeout:  # a stray fragment of a long-forgotten message
+                del self._incoming[(peer, key)]
+                continue
+            verdict = reassembly.due(now, self.options.loss_bound, self._quiet_s)
+            if verdict == "complete":
+                self._complete(peer, key, reassembly, now)
+            elif verdict == "nack":
+                reassembly.last_nack = now
+                self.stats.nacks_sent += 1
+                self.stats.nack_max_delivered = max(self.stats.nack_max_delivered, reassembly.delivered_fraction)
+                self._feedback(peer, key, reassembly, codec.KIND_NACK)
+        expired = []
+        with self._lock:
+            for message in self._outgoing.values():
+                if now >= message.deadline:
+                    expired.append(message)
+                elif now >= message.probe_at and not message.busy:
+                    message.busy = True
+                    message.rto = min(MAX_RTO_S, 2 * message.rto)
+                    self.stats.probes += 1
+                    self._retransmits.put((message, [max(0, fragment_count(message.payload.size,
+                                                                           self._fragment_bytes) - 1)]))
+        for message in expired:
+            self._fail_peer(message.peer, "did not acknowledge %s within %.1f s" % (
+                describe_key(message.key), self.timeout))

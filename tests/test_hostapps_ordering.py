@@ -1,0 +1,140 @@
+"""Ordering policies: the order each picks, TAC's timing rule, and that ordering never changes the math."""
+import numpy as np
+import pytest
+
+from hostapps.collectives import Segment, make_buckets, pipelined_ring_allreduce, ring_neighbours, ring_step_count
+from hostapps.config import ConfigError, RunConfig
+from hostapps.policies import PolicyQueue, TimeOracle, Unit, make_policy
+from hostapps.transport import Peer
+from test_hostapps_collectives import connect_mesh, run_threads
+from test_hostapps_training import run_job
+
+NO_TIMES = TimeOracle([0.0] * 8, [0.0] * 8)
+
+
+def layer_unit(layer: int, iteration: int = 0, nbytes: int = 100) -> Unit:
+    return Unit(iteration, layer, (layer,), nbytes)
+
+
+def picked_order(policy_name: str, ready: list[Unit]) -> list[int]:
+    policy, left, order = make_policy(policy_name, NO_TIMES), list(ready), []
+    while left:
+        order.append(left.pop(policy.pick(left, 0.0)).tensor)
+    return order
+
+
+@pytest.mark.parametrize("name, expected", [("ready", [5, 7, 2, 6]), ("priority", [2, 5, 6, 7]),
+                                            ("tic", [2, 5, 6, 7]), ("bytescheduler", [2, 5, 6, 7]),
+                                            ("caramel", [5, 7, 2, 6])])
+def test_each_policy_orders_a_ready_set_as_documented(name, expected):
+    assert picked_order(name, [layer_unit(t) for t in (5, 7, 2, 6)]) == expected
+
+
+def test_front_layers_first_serves_the_older_iteration_first():
+    assert picked_order("priority", [layer_unit(3, 1), layer_unit(0, 1), layer_unit(7, 0)]) == [7, 0, 3]
+
+
+def test_bytescheduler_batch_stays_within_credit_and_the_agreed_arrivals():
+    queue = PolicyQueue(make_policy("bytescheduler", NO_TIMES))
+    for tensor, layer in enumerate([9, 9, 9, 1, 1, 0]):  # partitions of layers 9, 1 and 0, in ready order
+        queue.put(Unit(0, tensor, (layer,), 100))
+    # Only the first four arrivals are on every rank: layer 9's partitions and one of layer 1's.
+    assert [u.tensor for u in queue.take(visible=4, credit_bytes=250)] == [3, 0]
+    assert [u.tensor for u in queue.take(credit_bytes=300)] == [5, 4, 1]  # layer 0 preempts the rest of 9
+    assert [u.tensor for u in queue.take(credit_bytes=0)] == [2]
+
+
+def test_tac_lets_a_small_tensor_through_while_the_front_one_is_computed():
+    """Hand-checked.  Forward 10 ms per op; transfers 2, 1, 10, 1 ms for tensors 0..3.  Last iteration
+    tensors became ready at +0 (3), +1 (2), +2 (1), +5 ms (0).  Now, at +1 ms, 3 and 2 are ready.
+
+    TIC sends 2 (1..11 ms), then 0 (11..13), 1, 3: forward runs 13..53 ms.
+    TAC sees tensor 0 due at +5 ms; deferring 2 costs nothing (1 + 10 ms of transfers before 2 <= 20 ms
+    of forward ops 0 and 1), so it sends 3 (fits before +5), then 1 (ready at +2, fits), waits, sends 0
+    at +5 (5..7), then 2 (7..17): forward runs 7..47 ms, 6 ms less stall.
+    """
+    tac = make_policy("tac", TimeOracle([0.010] * 4, [0.002, 0.001, 0.010, 0.001]))
+    for tensor, at in ((3, 0.0), (2, 0.001), (1, 0.002), (0, 0.005)):
+        tac.became_ready(layer_unit(tensor, 0), 100.0 + at)
+    t0 = 200.0
+    tac.became_ready(layer_unit(3, 1), t0)
+    tac.became_ready(layer_unit(2, 1), t0 + 0.001)
+    ready = [layer_unit(3, 1), layer_unit(2, 1)]
+    assert ready[tac.pick(ready, t0 + 0.001)].tensor == 3
+    ready.pop(0)
+    tac.became_ready(layer_unit(1, 1), t0 + 0.002)
+    ready.append(layer_unit(1, 1))
+    assert ready[tac.pick(ready, t0 + 0.002)].tensor == 1
+    ready.pop(1)
+    assert tac.pick(ready, t0 + 0.003) is None  # 2 does not fit before 0 is due: wait for it
+    tac.became_ready(layer_unit(0, 1), t0 + 0.005)
+    ready.append(layer_unit(0, 1))
+    assert [u.tensor for u in ready] == [2, 0] and ready[tac.pick(ready, t0 + 0.005)].tensor == 0
+    assert picked_order("tic", [layer_unit(3, 1), layer_unit(2, 1)])[0] == 2
+
+
+def test_tac_sends_the_front_tensor_when_deferring_it_would_stall_the_forward():
+    tac = make_policy("tac", TimeOracle([0.001] * 4, [0.002, 0.001, 0.010, 0.001]))  # forward cannot hide 2
+    for tensor, at in ((3, 0.0), (2, 0.001), (1, 0.002), (0, 0.005)):
+        tac.became_ready(layer_unit(tensor, 0), at)
+    for tensor, at in ((3, 10.0), (2, 10.001)):
+        tac.became_ready(layer_unit(tensor, 1), at)
+    ready = [layer_unit(3, 1), layer_unit(2, 1)]
+    assert ready[tac.pick(ready, 10.001)].tensor == 2
+
+
+def test_caramel_buckets_double_from_the_first():
+    assert make_buckets([10] * 8, 10, growth=2) == [(7,), (6, 5), (4, 3, 2, 1), (0,)]
+
+
+def test_pipelined_segments_reduce_to_the_mean_on_every_rank(loopback_addresses):
+    world, rng = 3, np.random.default_rng(0)
+    peers = [Peer("worker", r) for r in range(world)]
+    transports = connect_mesh(peers, loopback_addresses(world))
+    inputs = [rng.normal(size=1000).astype(np.float32) for _ in range(world)]
+    arrays = [x.copy() for x in inputs]
+
+    def reduce(rank):
+        left, right = ring_neighbours(rank, world)
+        segments = [Segment(7, k * ring_step_count(world), arrays[rank][lo:lo + 200]) for k, lo in
+                    enumerate(range(0, 1000, 200))]
+        return lambda: pipelined_ring_allreduce(transports[rank], left, right, rank, world, 0, segments,
+                                                np.empty(100, np.float32))
+    try:
+        run_threads([reduce(r) for r in range(world)])
+    finally:
+        run_threads([t.close for t in transports])
+    np.testing.assert_allclose(arrays[0], np.mean(inputs, axis=0), rtol=1e-5, atol=1e-6)
+    assert all(np.array_equal(arrays[0], a) for a in arrays)
+
+
+OPTIONS = dict(iterations=12, batch=32, eval_every=0, width=64, depth=2, momentum=0.5)
+
+
+@pytest.mark.parametrize("policy", ["caramel", "bytescheduler"])
+def test_allreduce_policies_keep_the_single_worker_parameters(loopback_addresses, policy):
+    single = run_job(loopback_addresses, 1, **OPTIONS)[0]["model"].params
+    # Small partitions so that every layer is cut and batches mix layers.
+    for result in run_job(loopback_addresses, 4, policy=policy, partition_bytes=4096, credit_bytes=12288, **OPTIONS):
+        assert np.abs(result["model"].params - single).max() < 1e-4
+
+
+@pytest.mark.parametrize("policy", ["priority", "tic", "tac"])
+def test_ps_policies_keep_the_ready_order_parameters(loopback_addresses, policy):
+    ready = run_job(loopback_addresses, 4, "ps", 2, **OPTIONS)[0]["model"].params
+    for result in run_job(loopback_addresses, 4, "ps", 2, policy=policy, **OPTIONS):
+        assert np.abs(result["model"].params - ready).max() < 1e-5
+
+
+def test_profile_job_with_tac_and_bytescheduler_runs(loopback_addresses):
+    profile = dict(profile="resnet50", scale=0.001, iterations=3, eval_every=0)
+    assert run_job(loopback_addresses, 2, "ps", 1, policy="tac", **profile)[0]["iterations"] == 3
+    assert run_job(loopback_addresses, 2, policy="bytescheduler", partition_bytes=1024, **profile)[0]["iterations"] == 3
+
+
+@pytest.mark.parametrize("mode, policy", [("allreduce", "tac"), ("ps", "caramel"), ("ps", "bytescheduler")])
+def test_a_policy_of_the_other_mode_is_refused(mode, policy):
+    cfg = RunConfig(role="worker", rank=0, workers=[("127.0.0.1", 1)], servers=[("127.0.0.1", 2)] if mode == "ps" else [],
+                    mode=mode, policy=policy)
+    with pytest.raises(ConfigError, match="--policy: '%s' is for" % policy):
+        cfg.validate()
