@@ -27,11 +27,12 @@ at most the loss bound).  Parameters (messages from a server, the PS pull)
 keep the receiver's previous values: recv writes only delivered ranges.
 
 Rate control (sender, per peer): datagrams are paced at a rate that starts at
---link-mbps and never exceeds it.  The first feedback on each message carries
+--link-mbps and never exceeds it; all peers together are also paced at --link-mbps
+(the host's own link).  The first feedback on each message carries
 its loss (1 - delivered/total): a loss-free message adds 1/32 of the link rate,
-a lossy one multiplies the rate by (1 - loss/2), never below 1/100 of the link
-rate.  Senders that share a link (incast at a PS) thus back off when its queue
-drops and probe back up.
+a lossy one multiplies the rate by (1 - loss/2) (at most once per 50 ms),
+never below 1/20 of the link rate.  Senders that share a link (incast at a
+PS) thus back off when its queue drops and probe back up.
 
 Drop marking (--drop-marking with loss_bound > 0): a worker sends the
 floor(loss_bound x fragments) fragments of a gradient with the smallest
@@ -62,6 +63,8 @@ HELLO_INTERVAL_S = 0.05
 PACING_BURST_S = 0.002         # a sender may run this far ahead of its rate after idling
 PACING_MIN_SLEEP_S = 0.001     # shorter delays are accumulated: sleep() is coarse
 RECEIVE_BUFFER_BYTES = 8 << 20
+SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)  # Linux; Python does not export it
+DECREASE_INTERVAL_S = 0.05     # about an RTT under load: one back-off per congestion episode
 COMPLETED_MEMORY = 4096        # completed messages remembered to re-ACK late duplicates
 UDP_IP_OVERHEAD = 28
 
@@ -192,18 +195,23 @@ class RateControl:
 
     def __init__(self, link_bytes_per_s: float):
         self.ceiling = link_bytes_per_s
-        self.floor = link_bytes_per_s / 100
+        self.floor = link_bytes_per_s / 20
         self.increase = link_bytes_per_s / 32
         self.rate = link_bytes_per_s
         self._virtual_time = 0.0
+        self._last_decrease = -math.inf
         self._lock = threading.Lock()
 
     def on_feedback(self, lost_fraction: float) -> None:
+        """Additive increase per loss-free message; at most one multiplicative decrease per
+        DECREASE_INTERVAL_S, since the messages of one burst all report the same congestion."""
         with self._lock:
+            now = time.monotonic()
             if lost_fraction <= 0:
                 self.rate = min(self.ceiling, self.rate + self.increase)
-            else:
+            elif now - self._last_decrease >= DECREASE_INTERVAL_S:
                 self.rate = max(self.floor, self.rate * (1 - min(1.0, lost_fraction) / 2))
+                self._last_decrease = now
 
     def reserve(self, nbytes: int, now: float) -> float:
         """Account nbytes about to be sent; return how long to wait first."""
@@ -252,6 +260,8 @@ class MltTransport(Transport):
         self._addresses: dict[Peer, Address] = {}
         self.mailbox = Mailbox(self._names)
         self._rates: dict[Peer, RateControl] = {}
+        # All peers share this host's link: a PS answering n workers must not send n links' worth.
+        self._nic = RateControl(self.options.link_mbps * 1e6 / 8)
         self._dscp: dict[Peer, int] = {}
         self._pools: dict[int, list[socket.socket]] = {}
         self._pool_lock = threading.Lock()
@@ -266,7 +276,10 @@ class MltTransport(Transport):
         self._retransmits: queue.Queue[tuple[Outgoing, Sequence[int]] | None] = queue.Queue()
         self._stopped = threading.Event()
         self._home = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self._home.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER_BYTES)
+        try:  # root (as in Mininet hosts) may exceed net.core.rmem_max, which caps SO_RCVBUF
+            self._home.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RECEIVE_BUFFER_BYTES)
+        except PermissionError:
+            self._home.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER_BYTES)
         try:
             self._home.bind(listen)
         except OSError as e:
@@ -381,7 +394,8 @@ class MltTransport(Transport):
             length = min(size, total - offset)
             frame = codec.Frame(codec.KIND_DATA, self.me.role, self.me.rank, key.step, self.job, key.iteration,
                                 key.tensor, offset, length, total)
-            delay = rate.reserve(length + codec.DATAGRAM_HEADER_BYTES + UDP_IP_OVERHEAD, time.monotonic())
+            wire_bytes, now = length + codec.DATAGRAM_HEADER_BYTES + UDP_IP_OVERHEAD, time.monotonic()
+            delay = max(rate.reserve(wire_bytes, now), self._nic.reserve(wire_bytes, now))
             if delay > PACING_MIN_SLEEP_S:
                 time.sleep(delay)
             if self._stopped.is_set():

@@ -105,13 +105,16 @@ def test_drop_marking_picks_the_smallest_fragments_up_to_the_bound():
     assert least_important_fragments(values.astype(np.float64), 100, 0.05) is None
 
 
-def test_rate_control_backs_off_on_loss_and_probes_back_up():
+def test_rate_control_backs_off_on_loss_and_probes_back_up(monkeypatch):
     rate = RateControl(1e6)
     rate.on_feedback(0.2)
     assert rate.rate == pytest.approx(0.9e6)
+    rate.on_feedback(1.0)  # the same congestion episode: no second back-off
+    assert rate.rate == pytest.approx(0.9e6)
+    monkeypatch.setattr(mlt, "DECREASE_INTERVAL_S", 0.0)
     for _ in range(20):
         rate.on_feedback(1.0)
-    assert rate.rate == pytest.approx(1e4)  # the floor: 1/100 of the link
+    assert rate.rate == pytest.approx(5e4)  # the floor: 1/20 of the link
     for _ in range(100):
         rate.on_feedback(0.0)
     assert rate.rate == 1e6  # never above the link
