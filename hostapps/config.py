@@ -51,7 +51,7 @@ class RunConfig:
     job: int = 0
     # --transport mlt (hostapps.mlt): loss bound, source-port pool, datagram payload, quiet period
     loss_bound: float = 0.0
-    sport_range: int = 64
+    sport_range: int = 128
     mtu_payload: int = 1400
     quiet_ms: float = 5.0
     drop_marking: bool = False
@@ -174,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--job", type=int, default=0, help="job id carried in every frame")
     parser.add_argument("--loss-bound", type=float, default=0.0,
                         help="mlt: fraction of a message's bytes that may be lost (0: fully reliable)")
-    parser.add_argument("--sport-range", type=int, default=64, help="mlt: UDP source ports a sender sprays over")
+    parser.add_argument("--sport-range", type=int, default=128, help="mlt: UDP source ports a sender sprays over")
     parser.add_argument("--mtu-payload", type=int, default=1400, help="mlt: payload bytes per datagram")
     parser.add_argument("--quiet-ms", type=float, default=5.0,
                         help="mlt: silence after which a message within the loss bound is complete")

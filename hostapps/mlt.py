@@ -75,7 +75,7 @@ DropFunction = Callable[[codec.Frame], bool]
 @dataclass
 class MltOptions:
     loss_bound: float = 0.0    # fraction of a message's bytes that may stay missing
-    sport_range: int = 64      # source sockets per DSCP pool
+    sport_range: int = 128     # source sockets per DSCP pool (fds: one pool per DSCP in use)
     mtu_payload: int = 1400    # payload bytes per datagram (a multiple of 4)
     quiet_s: float = 0.005
     link_mbps: float = 100.0

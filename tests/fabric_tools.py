@@ -61,3 +61,11 @@ def goodput_mbps(client) -> float:
     result = json.loads(out)
     assert "error" not in result, result["error"]
     return result["end"]["sum_received"]["bits_per_second"] / 1e6
+
+
+def wait_until(condition, message: str, timeout: float, step: float = 0.1) -> None:
+    """Poll `condition` until it holds; fail with `message` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, message
+        time.sleep(step)

@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from fabric_tools import REPO
+from fabric_tools import REPO, wait_until
 from topologies.fabric import Fabric
 
 pytestmark = pytest.mark.integration
@@ -71,10 +71,10 @@ def test_reconnecting_switch_gets_its_state_back(controller, tmp_path):
         fab.wait_reachable()
         flows_before = _flows("leaf1")
         subprocess.run(["ovs-vsctl", "del-controller", "leaf1"], check=True)
-        _wait(lambda: len(fab.rest("/fabric")["switches"]) == 3, "leaf1 never left")
+        wait_until(lambda: len(fab.rest("/fabric")["switches"]) == 3, "leaf1 never left", 10)
         subprocess.run(["ovs-vsctl", "set-controller", "leaf1", f"tcp:127.0.0.1:{OFP_PORT}"],
                        check=True)
-        _wait(lambda: len(fab.rest("/fabric")["links"]) == 4, "leaf1's links never came back")
+        wait_until(lambda: len(fab.rest("/fabric")["links"]) == 4, "leaf1's links never came back", 10)
         fab.wait_reachable(timeout=20)
         assert _flows("leaf1") == flows_before
 
@@ -84,10 +84,3 @@ def _flows(switch: str) -> list[str]:
     out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", "--no-stats", "dump-flows", switch],
                          capture_output=True, text=True, check=True).stdout
     return sorted(line.strip() for line in out.splitlines() if "priority" in line)
-
-
-def _wait(condition, message: str, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, message
-        time.sleep(0.1)

@@ -3,7 +3,6 @@ import random
 import socket
 import threading
 import time
-from functools import partial
 
 import numpy as np
 import pytest
