@@ -440,7 +440,7 @@ class FabricController(app_manager.RyuApp):
             "links": sorted({tuple(sorted([(name.get(a[0], a[0]), a[1]), (name.get(b[0], b[0]), b[1])]))
                              for a, b in view.links.items()}),
             "hosts": [{"ip": h.ip, "mac": h.mac, "switch": name.get(h.dpid), "port": h.port}
-                      for h in sorted(view.hosts.values(), key=lambda h: h.dpid * 10000 + h.port)],
+                      for h in sorted(view.hosts.values(), key=lambda h: (h.dpid, h.port))],
         }
 
     def _peer_name(self, dpid: int, port: int, name: dict) -> str | None:

@@ -7,10 +7,13 @@ from ryu import cfg
 
 from controller.routing import LB_MODES
 
-cfg.CONF.register_cli_opts([
-    cfg.StrOpt("lb", default="ecmp", choices=LB_MODES,
-               help="load balancing over equal-cost paths: " + ", ".join(LB_MODES)),
-    cfg.FloatOpt("stats-interval", default=1.0, help="seconds between port/group stat polls"),
-    cfg.StrOpt("stats-csv", default="", help="append port statistics to this CSV file"),
-    cfg.FloatOpt("probe-interval", default=1.0, help="seconds between link-discovery probes"),
-], group="fabric")
+# ryu-manager loads this file by path (--user-flags) before parsing, and app.py imports it again
+# as a module after parsing, when registering would fail: register once.
+if "fabric" not in cfg.CONF:
+    cfg.CONF.register_cli_opts([
+        cfg.StrOpt("lb", default="ecmp", choices=LB_MODES,
+                   help="load balancing over equal-cost paths: " + ", ".join(LB_MODES)),
+        cfg.FloatOpt("stats-interval", default=1.0, help="seconds between port/group stat polls"),
+        cfg.StrOpt("stats-csv", default="", help="append port statistics to this CSV file"),
+        cfg.FloatOpt("probe-interval", default=1.0, help="seconds between link-discovery probes"),
+    ], group="fabric")

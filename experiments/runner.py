@@ -181,6 +181,10 @@ def run_once(fab: Fabric, out: Path, run: Run, rates: pd.DataFrame, stats_csv: P
     return status
 
 
+def host_ips(fab: Fabric, run: Run) -> dict[str, str]:
+    return {host: fab.host(host).IP() for host in run.config.hosts}
+
+
 def layer_table(run: Run) -> list[dict]:
     """The job's layers (index, name, bytes) as the host apps build the model."""
     job = run.job
@@ -204,7 +208,7 @@ def register_job(fab: Fabric, run: Run, job_id: str) -> dict[int, int]:
     if run.controller.sched == "fifo":
         return {}
     config = run.config
-    ip = {host: fab.host(host).IP() for host in config.hosts}
+    ip = host_ips(fab, run)
     proto = "udp" if run.job.transport == "mlt" else "tcp"
     ports = {host: WORKER_PORT for host in config.worker_hosts}
     ports.update({host: SERVER_PORT for host in config.server_hosts})
@@ -223,7 +227,7 @@ def register_job(fab: Fabric, run: Run, job_id: str) -> dict[int, int]:
 def launch_job(fab: Fabric, out: Path, run: Run, layer_dscp: dict[int, int]) -> list[JobProcess]:
     """The job's host apps, parameter-server shards first so the workers find them listening."""
     config, job = run.config, run.job
-    ip = {host: fab.host(host).IP() for host in config.hosts}
+    ip = host_ips(fab, run)
     workers = ",".join(f"{ip[host]}:{WORKER_PORT}" for host in config.worker_hosts)
     servers = ",".join(f"{ip[host]}:{SERVER_PORT}" for host in config.server_hosts)
     model = job.model
