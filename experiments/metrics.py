@@ -1,5 +1,6 @@
 """Per-run metrics from the host apps' and controller's raw records: iteration times, the
-analytical lower bounds, TicTac overlap efficiency, time-to-accuracy, link utilization.
+analytical lower bounds, TicTac overlap efficiency, time-to-accuracy, comparisons with the
+baseline, delivered fractions, link utilization and uplink imbalance.
 
 All functions are pure: DataFrames and numbers in, numbers or DataFrames out.
 
@@ -148,20 +149,55 @@ def run_metrics(iterations: pd.DataFrame, tensors: pd.DataFrame, summaries: pd.D
     }
 
 
+def _baseline_mean(runs: pd.DataFrame, axes: list[str], baseline_axis: str, baseline_label: str,
+                   column: str) -> pd.Series:
+    """Per run, the mean of column over the baseline's runs with the same values on every
+    other axis (its repetitions)."""
+    others = [axis for axis in axes if axis != baseline_axis]
+    baseline_rows = runs[runs[baseline_axis].astype(str) == str(baseline_label)]
+    if not others:
+        return pd.Series(baseline_rows[column].mean(), index=runs.index)
+    baseline_mean = baseline_rows.groupby(others)[column].mean()
+    return runs.join(baseline_mean.rename("baseline"), on=others)["baseline"]
+
+
 def speedup_vs_baseline(runs: pd.DataFrame, axes: list[str], baseline_axis: str | None,
                         baseline_label: str | None) -> pd.Series:
     """mean iteration time of the baseline (same values on every other axis, averaged over
     repetitions) / this run's mean iteration time; NaN without a baseline."""
     if baseline_axis is None:
         return pd.Series(math.nan, index=runs.index)
-    others = [axis for axis in axes if axis != baseline_axis]
-    baseline_rows = runs[runs[baseline_axis].astype(str) == str(baseline_label)]
-    if others:
-        baseline_mean = baseline_rows.groupby(others)["iter_time_mean_s"].mean()
-        per_run = runs.join(baseline_mean.rename("baseline_s"), on=others)["baseline_s"]
-    else:
-        per_run = pd.Series(baseline_rows["iter_time_mean_s"].mean(), index=runs.index)
-    return per_run / runs["iter_time_mean_s"]
+    column = "iter_time_mean_s"
+    return _baseline_mean(runs, axes, baseline_axis, baseline_label, column) / runs[column]
+
+
+def accuracy_delta_vs_baseline(runs: pd.DataFrame, axes: list[str], baseline_axis: str | None,
+                               baseline_label: str | None) -> pd.Series:
+    """this run's final accuracy - the baseline's (same values on every other axis, averaged
+    over repetitions), as a fraction; NaN without a baseline."""
+    if baseline_axis is None:
+        return pd.Series(math.nan, index=runs.index)
+    column = "final_accuracy"
+    return runs[column] - _baseline_mean(runs, axes, baseline_axis, baseline_label, column)
+
+
+def _received(tensors: pd.DataFrame) -> pd.DataFrame:
+    """The receivers' rows: only they know how much of a message arrived (senders log 1)."""
+    return tensors[tensors["direction"] == "recv"]
+
+
+def delivered_fraction(tensors: pd.DataFrame) -> float:
+    """Fraction of the received messages' bytes that arrived: the byte-weighted mean of
+    delivered_fraction over the recv rows (1 with TCP; below 1 only with a loss-tolerant
+    transport); NaN without received bytes."""
+    received = _received(tensors)
+    total = received["bytes"].sum()
+    return float((received["delivered_fraction"] * received["bytes"]).sum() / total) if total > 0 else math.nan
+
+
+def min_delivered_fraction(tensors: pd.DataFrame) -> float:
+    """The smallest delivered_fraction of a single received message (a tensors.csv recv row)."""
+    return float(_received(tensors)["delivered_fraction"].min())
 
 
 # links.csv columns (after run_id): one row per switch port and sampling interval.
@@ -198,7 +234,6 @@ def link_utilization(ports: pd.DataFrame, port_rates: pd.DataFrame) -> pd.DataFr
     return links[LINK_COLUMNS].reset_index(drop=True)
 
 
-
 def fabric_link_utilization(links: pd.DataFrame) -> pd.Series:
     """Mean transmit utilization of each fabric port (one direction of a fabric link)."""
     fabric = links[links["tier"] == "fabric"]
@@ -210,3 +245,21 @@ def link_imbalance(links: pd.DataFrame) -> float:
     per_port = fabric_link_utilization(links)
     mean = per_port.mean()
     return float(per_port.max() / mean) if mean > 0 else math.nan
+
+
+def uplink_imbalance(links: pd.DataFrame) -> float:
+    """How unevenly the leaves spread their traffic over their spine uplinks (links.csv rows
+    of one run): 1 is a perfectly even spread, u (a leaf's uplink count) all on one uplink.
+
+    Per leaf switch (a switch named leaf*; its fabric ports are its uplinks), the bytes each
+    uplink transmitted over the run, and max / mean of those; the result is the mean over the
+    leaves weighted by their uplink bytes, so idle leaves do not count. NaN when no uplink
+    transmitted anything (or on a fabric without leaves, e.g. a fat-tree).
+    """
+    uplinks = links[(links["tier"] == "fabric") & links["switch"].astype(str).str.startswith("leaf")]
+    per_port = uplinks.groupby(["switch", "port"])["tx_bytes"].sum()
+    per_leaf = per_port.groupby(level="switch").agg(["max", "mean", "sum"])
+    per_leaf = per_leaf[per_leaf["sum"] > 0]
+    if per_leaf.empty:
+        return math.nan
+    return float(np.average(per_leaf["max"] / per_leaf["mean"], weights=per_leaf["sum"]))

@@ -239,7 +239,10 @@ def launch_job(fab: Fabric, out: Path, run: Run, layer_dscp: dict[int, int]) -> 
               *model_args, "--iterations", str(job.iterations), "--batch", str(job.batch),
               "--lr", str(job.lr), "--seed", str(job.seed), "--transport", job.transport,
               "--timeout", str(PEER_TIMEOUT_S), "--eval-every", str(job.eval_every),
-              "--loss-bound", str(job.loss_bound), "--policy", BEST_SEND_ORDER.get(job.mode) if job.policy == "best" else job.policy, "--fusion", job.fusion,
+              "--loss-bound", str(job.loss_bound), "--fusion", job.fusion,
+              "--policy", BEST_SEND_ORDER[job.mode] if job.policy == "best" else job.policy,
+              # A spec's matrix may cross slicing with both modes: allreduce has no PS messages to slice.
+              *(["--ps-slice-bytes", str(job.ps_slice_bytes)] if job.mode == "ps" else []),
               *(["--drop-marking"] if job.drop_marking else []),
               *(["--layer-dscp", ",".join(f"{layer}:{dscp}" for layer, dscp in sorted(layer_dscp.items()))]
                 if layer_dscp and job.transport == "mlt" else [])]

@@ -146,6 +146,9 @@ class Job:
     policy: SendOrder = spec_field("ready")
     fusion: str = spec_field("none", "none, horovod, ddp or a bucket size in bytes (allreduce)",
                              lambda v: v in ("none", "horovod", "ddp") or v.isdigit())
+    ps_slice_bytes: int = spec_field(
+        0, "a byte count >= 0, a multiple of 4 (ps: each layer pushed and pulled in slices of at most "
+        "this size, as P3; 0: whole layers; allreduce runs ignore it)", lambda n: n >= 0 and n % 4 == 0)
     eval_every: int = spec_field(10, "an integer >= 0 (iterations; 0: only at the end)", lambda n: n >= 0)
     target_accuracy: float = spec_field(0.9, "a fraction in (0, 1]", lambda x: 0 < x <= 1)
 

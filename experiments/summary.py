@@ -1,5 +1,6 @@
-"""summary.md: per training mode, one row per scheme comparing it with the others and with
-the analytical lower bound; then notes on saturated (low-fidelity) and failed runs."""
+"""summary.md: a legend of its columns; per training mode, one row per scheme comparing it with
+the others, with the baseline and with the analytical lower bound; then notes on saturated
+(low-fidelity) and failed runs."""
 from __future__ import annotations
 
 import math
@@ -7,11 +8,34 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.metrics import FIDELITY_CPU_LIMIT, link_imbalance, per_run, tensor_time_p99_s
+from experiments import metrics
+from experiments.metrics import FIDELITY_CPU_LIMIT, per_run
 from experiments.results import read_run_record, read_tables
+from experiments.spec import Spec, load_spec
 
-COLUMNS = ["scheme", "iter time (s)", "speedup", "samples/s", "final acc", "time-to-acc (s)",
-           "p99 tensor (ms)", "link imbalance", "lower bound (s)", "fidelity"]
+COLUMNS = ["scheme", "iter time (s)", "speedup", "samples/s", "final acc", "acc delta", "time-to-acc (s)",
+           "p99 tensor (ms)", "delivered fraction", "uplink imbalance", "lower bound (s)", "fidelity"]
+
+# One line per column (but scheme): what it is and how it is computed.
+LEGEND = [
+    "iter time: each run's mean interval between the last worker's completions of consecutive "
+    "iterations (the first iteration excluded); mean ± std over repetitions.",
+    "speedup: the baseline's mean iteration time (same mode and other axes, averaged over "
+    "repetitions) / the run's; mean ± std over repetitions.",
+    "samples/s: global batch / mean iteration time.",
+    "final acc: the workers' mean test accuracy after the last iteration.",
+    "acc delta: final acc minus the baseline's (same mode and other axes), in percentage points.",
+    "time-to-acc: seconds from the first iteration's start until a worker first reaches the "
+    "target accuracy; how many repetitions reached it when not all did.",
+    "p99 tensor: 99th percentile of single tensor transfer times, the tail tensor-transfer time.",
+    "delivered fraction: the share of the received messages' bytes that arrived (byte-weighted; "
+    "1 with TCP, below 1 with the loss-tolerant transport), and the smallest share of one message.",
+    "uplink imbalance: per leaf, max / mean of the bytes sent on its spine uplinks; mean over the "
+    "leaves weighted by their uplink bytes (1 is an even spread).",
+    "lower bound: max(analytical communication bound, measured compute) per iteration.",
+    f"fidelity: runs whose host CPU was saturated (mean utilization > {FIDELITY_CPU_LIMIT}), where "
+    "the times measure the CPU rather than the network.",
+]
 
 
 def _number(value: float, digits: int = 3) -> str:
@@ -35,24 +59,56 @@ def _time_to_accuracy(values: pd.Series) -> str:
     return _number(reached.mean()) + partly
 
 
-def scheme_rows(tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+def _mean_spread(values: pd.Series) -> str:
+    """mean ± std over repetitions (the std only with two or more)."""
+    values = values.dropna()
+    spread = "" if values.count() < 2 else f" ± {_number(values.std())}"
+    return _number(values.mean()) + spread
+
+
+def _points(delta: float) -> str:
+    """An accuracy difference (a fraction) in signed percentage points."""
+    return "—" if pd.isna(delta) else f"{round(delta * 100, 1) + 0.0:+.1f} pt"  # + 0.0: no "-0.0"
+
+
+def _delivered(means: pd.Series, minimums: pd.Series) -> str:
+    if means.isna().all():
+        return "—"
+    return f"{_number(means.mean(), 4)} (min {_number(minimums.min(), 4)})"
+
+
+def _accuracy_delta(runs: pd.DataFrame, spec: Spec) -> pd.Series:
+    """Per run, its final accuracy minus the baseline's. The axis labels come from the spec:
+    runs.csv's axis columns lose their spelling when they look numeric."""
+    names = [axis.name for axis in spec.axes]
+    axes = {run.run_id: run.axes for run in spec.runs}
+    labelled = pd.DataFrame([axes[run_id] for run_id in runs["run_id"]], index=runs.index, columns=names)
+    labelled["final_accuracy"] = runs["final_accuracy"]
+    baseline_axis, baseline_label = spec.baseline or (None, None)
+    return metrics.accuracy_delta_vs_baseline(labelled, names, baseline_axis, baseline_label)
+
+
+def scheme_rows(tables: dict[str, pd.DataFrame], spec: Spec) -> dict[str, pd.DataFrame]:
     """Per mode, the summary table as strings: schemes in spec order, repetitions averaged.
     Failed runs have no metrics and only show in the notes."""
     runs = tables["runs"].copy()
-    runs["tensor_p99_ms"] = runs["run_id"].map(per_run(tables["tensors"], tensor_time_p99_s) * 1000)
-    runs["link_imbalance"] = runs["run_id"].map(per_run(tables["links"], link_imbalance))
+    tensors = tables["tensors"]
+    runs["accuracy_delta"] = _accuracy_delta(runs, spec)
+    runs["tensor_p99_ms"] = runs["run_id"].map(per_run(tensors, metrics.tensor_time_p99_s) * 1000)
+    runs["delivered"] = runs["run_id"].map(per_run(tensors, metrics.delivered_fraction))
+    runs["delivered_min"] = runs["run_id"].map(per_run(tensors, metrics.min_delivered_fraction))
+    runs["uplink_imbalance"] = runs["run_id"].map(per_run(tables["links"], metrics.uplink_imbalance))
     by_mode = {}
     for mode, mode_runs in runs.groupby("mode", sort=False):
         rows = []
         for scheme, all_reps in mode_runs.groupby("scheme", sort=False):
             group = all_reps.dropna(subset=["iter_time_mean_s"])
-            iter_times = group["iter_time_mean_s"]
-            spread = "" if iter_times.count() < 2 else f" ± {_number(iter_times.std())}"
             rows.append([
-                scheme, _number(iter_times.mean()) + spread, _number(group["speedup_vs_baseline"].mean()),
+                scheme, _mean_spread(group["iter_time_mean_s"]), _mean_spread(group["speedup_vs_baseline"]),
                 _number(group["samples_per_s"].mean(), 4), _number(group["final_accuracy"].mean()),
-                _time_to_accuracy(group["time_to_accuracy_s"]), _number(group["tensor_p99_ms"].mean()),
-                _number(group["link_imbalance"].mean()), _number(group["lower_bound_s"].mean()),
+                _points(group["accuracy_delta"].mean()), _time_to_accuracy(group["time_to_accuracy_s"]),
+                _number(group["tensor_p99_ms"].mean()), _delivered(group["delivered"], group["delivered_min"]),
+                _number(group["uplink_imbalance"].mean()), _number(group["lower_bound_s"].mean()),
                 _fidelity(group["fidelity_ok"]),
             ])
         by_mode[str(mode)] = pd.DataFrame(rows, columns=COLUMNS)
@@ -67,11 +123,14 @@ def _markdown(table: pd.DataFrame) -> list[str]:
 def render(out_dir: str | Path) -> str:
     """The summary as markdown."""
     tables = read_tables(out_dir)
+    spec = load_spec(Path(out_dir) / "spec.yaml")
     runs = tables["runs"]
+    baseline = ("compared with the baseline {}={}".format(*spec.baseline) if spec.baseline
+                else "the spec marks no baseline, so speedup and acc delta are —")
     lines = ["# Experiment summary", "",
-             "Iteration time: mean ± std over repetitions; speedup: baseline's mean iteration time "
-             "over this scheme's; lower bound: max(communication bound, measured compute).", ""]
-    for mode, table in scheme_rows(tables).items():
+             f"Per training mode, one row per scheme, repetitions averaged; {baseline}.", "",
+             *[f"- {line}" for line in LEGEND], ""]
+    for mode, table in scheme_rows(tables, spec).items():
         lines += [f"## {mode}", "", *_markdown(table), ""]
     notes = []
     for run in runs.itertuples(index=False):

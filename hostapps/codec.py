@@ -11,7 +11,8 @@ source ports.  TCP sends each message as a single fragment.
 The datagram transport (hostapps.mlt) appends a DATAGRAM extension to every
 header: a per-sender sequence number, the fragment size the sender cuts
 messages into (NACK bitmaps count in it), and in feedback the delivered byte
-count.  A NACK's payload is a bitmap with bit i set when fragment i is missing.
+count and the receiver's advised sending rate (its link's fair share per active
+sender, kbit/s; 0 for no advice).  A NACK's payload is a bitmap with bit i set when fragment i is missing.
 """
 import struct
 from typing import NamedTuple
@@ -25,15 +26,16 @@ KIND_ACK = 3    # datagram receiver -> sender: message complete (within the loss
 KIND_NACK = 4   # datagram receiver -> sender: retransmit the fragments in the bitmap
 KIND_BYE = 5    # datagram peer closes in order; step 1 answers a BYE
 KIND_ABORT = 6  # datagram peer failed: fail fast
-KINDS = (KIND_HELLO, KIND_DATA, KIND_ACK, KIND_NACK, KIND_BYE, KIND_ABORT)
+KIND_RATE = 7   # datagram receiver -> sender: advised sending rate (advised_kbps)
+KINDS = (KIND_HELLO, KIND_DATA, KIND_ACK, KIND_NACK, KIND_BYE, KIND_ABORT, KIND_RATE)
 
 ROLES = ("worker", "server")
 
 # magic, version, kind, role, rank, step, job, iteration, tensor, offset, length, total
 HEADER = struct.Struct("!2sBBBHHIIIQIQ")
 
-# sequence, fragment_bytes, delivered: appended to HEADER in every datagram.
-DATAGRAM = struct.Struct("!IIQ")
+# sequence, fragment_bytes, delivered, advised_kbps: appended to HEADER in every datagram.
+DATAGRAM = struct.Struct("!IIQI")
 DATAGRAM_HEADER_BYTES = HEADER.size + DATAGRAM.size
 
 # Bounds the decoder enforces so that a corrupt header cannot make us allocate or wait for garbage.
@@ -96,6 +98,7 @@ class Datagram(NamedTuple):
     sequence: int
     fragment_bytes: int
     delivered: int
+    advised_kbps: int
     payload: memoryview
 
 
@@ -103,9 +106,10 @@ def nack_bitmap_bytes(total: int, fragment_bytes: int) -> int:
     return (-(-total // fragment_bytes) + 7) // 8
 
 
-def encode_datagram_header(frame: Frame, sequence: int, fragment_bytes: int, delivered: int = 0) -> bytes:
+def encode_datagram_header(frame: Frame, sequence: int, fragment_bytes: int, delivered: int = 0,
+                           advised_kbps: int = 0) -> bytes:
     """Header + datagram extension; the payload (frame.length bytes) follows in the same datagram."""
-    return encode_header(frame) + DATAGRAM.pack(sequence, fragment_bytes, delivered)
+    return encode_header(frame) + DATAGRAM.pack(sequence, fragment_bytes, delivered, advised_kbps)
 
 
 def decode_datagram(data: memoryview) -> Datagram:
@@ -113,7 +117,7 @@ def decode_datagram(data: memoryview) -> Datagram:
     if len(data) < DATAGRAM_HEADER_BYTES:
         raise FrameError("datagram of %d bytes is shorter than its header" % len(data))
     frame = decode_header(data[:HEADER.size])
-    sequence, fragment_bytes, delivered = DATAGRAM.unpack_from(data, HEADER.size)
+    sequence, fragment_bytes, delivered, advised_kbps = DATAGRAM.unpack_from(data, HEADER.size)
     payload = data[DATAGRAM_HEADER_BYTES:]
     if len(payload) != frame.length:
         raise FrameError("datagram carries %d payload bytes, header says %d" % (len(payload), frame.length))
@@ -130,4 +134,4 @@ def decode_datagram(data: memoryview) -> Datagram:
             frame.length, -(-frame.total // fragment_bytes)))
     if frame.kind not in (KIND_DATA, KIND_NACK) and frame.length:
         raise FrameError("control frame kind %d carries a payload" % frame.kind)
-    return Datagram(frame, sequence, fragment_bytes, delivered, payload)
+    return Datagram(frame, sequence, fragment_bytes, delivered, advised_kbps, payload)

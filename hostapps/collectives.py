@@ -10,6 +10,11 @@ from hostapps.transport import MessageKey, Peer, Transport
 PS_PUSH = 0
 PS_PULL = 1
 
+# Values of the frame header's 16-bit step field (codec.HEADER).
+STEP_VALUES = 1 << 16
+# Slices one PS tensor can have: a slice's step is 2 * slice + PS_PUSH or PS_PULL (ps_key).
+MAX_PS_SLICES = STEP_VALUES // 2
+
 # Fusion thresholds in bytes: Horovod's HOROVOD_FUSION_THRESHOLD default (64 MB)
 # and PyTorch DDP's bucket_cap_mb default (25 MiB); "none" sends each layer alone.
 FUSION_PRESETS = {"none": 0, "horovod": 64 * 1024 * 1024, "ddp": 25 * 1024 * 1024}
@@ -70,7 +75,7 @@ def ring_step_count(world: int) -> int:
 
 def max_segments(world: int) -> int:
     """Segments one tensor's pipeline can have: their steps share the 16-bit step field of the frame header."""
-    return (1 << 16) // max(1, ring_step_count(world))
+    return STEP_VALUES // max(1, ring_step_count(world))
 
 
 @dataclass(frozen=True)
@@ -144,6 +149,21 @@ def make_buckets(layer_bytes: Sequence[int], threshold: int, growth: int = 1) ->
 def split_bytes(nbytes: int, part_bytes: int) -> int:
     """How many parts of at most `part_bytes` a message of `nbytes` is cut into (at least one)."""
     return max(1, -(-nbytes // part_bytes))
+
+
+def float_parts(where: slice, part_bytes: int) -> list[slice]:
+    """`where`, a slice of a flat float32 buffer, cut into split_bytes(its bytes, part_bytes) contiguous
+    slices whose sizes differ by at most one float (so none exceeds a part_bytes that is a multiple of 4);
+    part_bytes 0 leaves it whole."""
+    size = where.stop - where.start
+    parts = split_bytes(size * 4, part_bytes) if part_bytes else 1
+    return [slice(where.start + lo, where.start + hi) for lo, hi in chunk_bounds(size, parts)]
+
+
+def ps_key(iteration: int, tensor: int, part: int, direction: int) -> MessageKey:
+    """The message of slice `part` of a PS tensor going up (PS_PUSH) or down (PS_PULL).  The tensor id stays
+    the layer's, so per-tensor maps (DSCP classes, names) apply to every slice; unsliced is step PS_PUSH/PS_PULL."""
+    return MessageKey(iteration, tensor, 2 * part + direction)
 
 
 def assign_shards(sizes: Sequence[int], shards: int) -> list[int]:

@@ -2,7 +2,7 @@
 import argparse
 from dataclasses import dataclass, field
 
-from hostapps.collectives import FUSION_PRESETS
+from hostapps.collectives import FUSION_PRESETS, MAX_PS_SLICES, split_bytes
 from hostapps.model import FlatModel, Network
 from hostapps.policies import POLICIES
 from hostapps.profiles import PROFILES, ProfileModel
@@ -48,6 +48,7 @@ class RunConfig:
     policy: str = "ready"
     partition_bytes: int = 16384  # bytescheduler partitions, caramel's first bucket and pipeline segments
     credit_bytes: int = 65536     # bytescheduler: partition bytes in flight at once
+    ps_slice_bytes: int = 0       # ps: push/pull each layer in slices of at most this many bytes; 0: whole layers
     job: int = 0
     # --transport mlt (hostapps.mlt): loss bound, source-port pool, datagram payload, quiet period
     loss_bound: float = 0.0
@@ -83,6 +84,12 @@ class RunConfig:
         if self.partition_bytes < 4 or self.credit_bytes < 0:
             raise ConfigError("--partition-bytes" if self.partition_bytes < 4 else "--credit-bytes",
                               "must be at least 4 (partition) or 0 (credit)")
+        if self.ps_slice_bytes < 0 or self.ps_slice_bytes % 4:
+            raise ConfigError("--ps-slice-bytes", "must be 0 (whole layers) or a positive multiple of 4 "
+                              "(whole floats), got %d" % self.ps_slice_bytes)
+        if self.ps_slice_bytes and self.mode != "ps":
+            raise ConfigError("--ps-slice-bytes", "slices parameter-server messages: ps mode only, not %s"
+                              % self.mode)
         if self.fusion not in FUSION_PRESETS and not (self.fusion.isdigit()):
             raise ConfigError("--fusion", "'%s' is neither a byte count nor a preset (%s)" % (
                 self.fusion, ", ".join(FUSION_PRESETS)))
@@ -171,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--partition-bytes", type=int, default=16384,
                         help="bytescheduler partition size; caramel first bucket and pipeline segment size")
     parser.add_argument("--credit-bytes", type=int, default=65536, help="bytescheduler: partition bytes in flight")
+    parser.add_argument("--ps-slice-bytes", type=int, default=0,
+                        help="ps: push and pull each layer in slices of at most this many bytes, so pulls of "
+                             "early slices overlap pushes of later ones (P3); 0: whole layers")
     parser.add_argument("--job", type=int, default=0, help="job id carried in every frame")
     parser.add_argument("--loss-bound", type=float, default=0.0,
                         help="mlt: fraction of a message's bytes that may be lost (0: fully reliable)")
@@ -206,6 +216,7 @@ def config_from_args(argv: list[str]) -> RunConfig:
                     momentum=args.momentum, seed=args.seed, transport=args.transport, timeout=args.timeout,
                     eval_every=args.eval_every, out=args.out, fusion=args.fusion, policy=args.policy, job=args.job,
                     partition_bytes=args.partition_bytes, credit_bytes=args.credit_bytes,
+                    ps_slice_bytes=args.ps_slice_bytes,
                     loss_bound=args.loss_bound, sport_range=args.sport_range, mtu_payload=args.mtu_payload,
                     quiet_ms=args.quiet_ms, drop_marking=args.drop_marking,
                     layer_dscp=parse_layer_dscp(args.layer_dscp))
@@ -228,4 +239,11 @@ def build_model(cfg: RunConfig) -> FlatModel:
     if cfg.mode == "ps" and len(cfg.servers) > len(model.layers):
         raise ConfigError("--servers", "%d shards but the model has only %d tensors, so shard %d would hold no data"
                           % (len(cfg.servers), len(model.layers), len(model.layers)))
+    if cfg.mode == "ps" and cfg.ps_slice_bytes:
+        largest = max(model.layers, key=lambda layer: layer.size)
+        slices = split_bytes(largest.size * 4, cfg.ps_slice_bytes)
+        if slices > MAX_PS_SLICES:
+            raise ConfigError("--ps-slice-bytes", "%d bytes cut layer %s (%d bytes) into %d slices, more than the "
+                              "%d the message step field can number" % (cfg.ps_slice_bytes, largest.name,
+                                                                         largest.size * 4, slices, MAX_PS_SLICES))
     return model

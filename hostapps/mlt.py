@@ -32,13 +32,19 @@ Rate control (sender, per peer): datagrams are paced at a rate that starts at
 its loss (1 - delivered/total): a loss-free message adds 1/32 of the link rate,
 a lossy one multiplies the rate by (1 - loss/2) (at most once per 50 ms),
 never below 1/20 of the link rate.  Senders that share a link (incast at a
-PS) thus back off when its queue drops and probe back up.
+PS) thus back off when its queue drops and probe back up.  Per-message
+feedback is too slow for incast, where n senders start a large message at
+once: the receiver also advises every sender it heard from in the last
+ACTIVE_WINDOW_S of its fair share of the receiving link (RATE frames every
+ADVICE_INTERVAL_S, and in every ACK/NACK), and a sender never exceeds the
+latest advice (receiver-driven pacing, as in NDP or Homa, without credits).
 
 Drop marking (--drop-marking with loss_bound > 0): a worker sends the
 floor(loss_bound x fragments) fragments of a gradient with the smallest
 max |value| with DSCP 1 (LE, RFC 8622) from a separate socket pool; the rest go
 with the DSCP chosen by set_dscp for that peer (default 0).
 """
+import errno
 import itertools
 import math
 import queue
@@ -47,7 +53,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
@@ -60,13 +66,16 @@ LE_DSCP = 1                    # RFC 8622 lower-effort
 RTO_S = 0.1                    # silence after a send pass before the sender probes
 MAX_RTO_S = 1.0
 HELLO_INTERVAL_S = 0.05
+ACTIVE_WINDOW_S = 0.02         # a peer whose data arrived this recently shares our link
+ADVICE_INTERVAL_S = 0.01       # how often a receiver re-advises its active senders
+LINK_SHARE = 0.97              # advised share of the receiving link: leave room for control and ARP
 PACING_BURST_S = 0.002         # a sender may run this far ahead of its rate after idling
 PACING_MIN_SLEEP_S = 0.001     # shorter delays are accumulated: sleep() is coarse
 RECEIVE_BUFFER_BYTES = 8 << 20
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)  # Linux; Python does not export it
 DECREASE_INTERVAL_S = 0.05     # about an RTT under load: one back-off per congestion episode
 COMPLETED_MEMORY = 4096        # completed messages remembered to re-ACK late duplicates
-UDP_IP_OVERHEAD = 28
+FRAME_OVERHEAD = 42            # UDP + IPv4 + Ethernet headers: what the links' HTB shapers count
 
 # A test hook: called with each data frame about to be sent; True drops it.
 DropFunction = Callable[[codec.Frame], bool]
@@ -89,6 +98,7 @@ class MltOptions:
 class MltStats:
     datagrams_sent: int = 0
     datagrams_dropped: int = 0       # by the drop hook
+    datagrams_refused: int = 0       # by the local stack (a firewall drop, a full queue)
     datagrams_marked: int = 0        # sent with LE_DSCP
     fragments_retransmitted: int = 0
     probes: int = 0
@@ -198,6 +208,7 @@ class RateControl:
         self.floor = link_bytes_per_s / 20
         self.increase = link_bytes_per_s / 32
         self.rate = link_bytes_per_s
+        self.advised = link_bytes_per_s  # the receiver's latest fair-share advice
         self._virtual_time = 0.0
         self._last_decrease = -math.inf
         self._lock = threading.Lock()
@@ -208,10 +219,18 @@ class RateControl:
         with self._lock:
             now = time.monotonic()
             if lost_fraction <= 0:
-                self.rate = min(self.ceiling, self.rate + self.increase)
+                self.rate = min(self.ceiling, self.advised, self.rate + self.increase)
             elif now - self._last_decrease >= DECREASE_INTERVAL_S:
                 self.rate = max(self.floor, self.rate * (1 - min(1.0, lost_fraction) / 2))
                 self._last_decrease = now
+
+    def advise(self, bytes_per_s: float) -> None:
+        """The receiver's fair share for us caps the rate; when the share grows (a sender left), the
+        rate grows by as much, keeping any back-off from loss elsewhere on the path."""
+        with self._lock:
+            advised = min(self.ceiling, max(self.floor, bytes_per_s))
+            self.rate = min(advised, self.rate + max(0.0, advised - self.advised))
+            self.advised = advised
 
     def reserve(self, nbytes: int, now: float) -> float:
         """Account nbytes about to be sent; return how long to wait first."""
@@ -273,6 +292,8 @@ class MltTransport(Transport):
         self._byes: set[Peer] = set()
         self._incoming: dict[tuple[Peer, MessageKey], Reassembly] = {}  # receive thread only
         self._completed: OrderedDict[tuple[Peer, MessageKey], list[float]] = OrderedDict()  # [delivered, last ACK]
+        self._last_data: dict[Peer, float] = {}  # receive thread only: when each peer's data last arrived
+        self._next_advice = 0.0
         self._retransmits: queue.Queue[tuple[Outgoing, Sequence[int]] | None] = queue.Queue()
         self._stopped = threading.Event()
         self._home = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -337,11 +358,16 @@ class MltTransport(Transport):
                 self._lock.wait(HELLO_INTERVAL_S)
         self._shutdown()
 
+    def counters(self) -> dict[str, float]:
+        return asdict(self.stats)
+
     def abort(self) -> None:
         if not self._stopped.is_set():
             for peer in self._addresses:
                 self._control(peer, codec.KIND_ABORT)
         self._shutdown()
+        for peer in self._addresses:  # a thread still waiting in recv must not sit out its timeout
+            self.mailbox.peer_gone(peer, "cannot be heard: %s aborted" % (self.me,))
 
     def _shutdown(self) -> None:
         self._stopped.set()
@@ -394,7 +420,7 @@ class MltTransport(Transport):
             length = min(size, total - offset)
             frame = codec.Frame(codec.KIND_DATA, self.me.role, self.me.rank, key.step, self.job, key.iteration,
                                 key.tensor, offset, length, total)
-            wire_bytes, now = length + codec.DATAGRAM_HEADER_BYTES + UDP_IP_OVERHEAD, time.monotonic()
+            wire_bytes, now = length + codec.DATAGRAM_HEADER_BYTES + FRAME_OVERHEAD, time.monotonic()
             delay = max(rate.reserve(wire_bytes, now), self._nic.reserve(wire_bytes, now))
             if delay > PACING_MIN_SLEEP_S:
                 time.sleep(delay)
@@ -405,8 +431,16 @@ class MltTransport(Transport):
                 continue
             low = message.marked is not None and message.marked[index]
             header = codec.encode_datagram_header(frame, next(self._sequence) & 0xFFFFFFFF, size)
-            pools[LE_DSCP if low else message.dscp][port].sendmsg([header, view[offset:offset + length]], [], 0,
-                                                                   address)
+            try:
+                pools[LE_DSCP if low else message.dscp][port].sendmsg([header, view[offset:offset + length]], [],
+                                                                       0, address)
+            except OSError as e:
+                # A firewall drop (EPERM: nft output hooks, as the runner's loss faults) or a full
+                # device queue (ENOBUFS) is packet loss to recover from like any other.
+                if e.errno not in (errno.EPERM, errno.ENOBUFS):
+                    raise
+                self.stats.datagrams_refused += 1
+                continue
             self.stats.datagrams_sent += 1
             self.stats.datagrams_marked += low
         now = time.monotonic()
@@ -458,6 +492,8 @@ class MltTransport(Transport):
                 missing = missing_fragments(datagram.payload, frame.total, datagram.fragment_bytes)
                 self.stats.fragments_retransmitted += len(missing)
                 self._retransmits.put((message, missing))
+        if datagram.advised_kbps:
+            self._rates[peer].advise(datagram.advised_kbps * 125)
         if first:
             self._rates[peer].on_feedback(1 - datagram.delivered / frame.total if frame.total else 0.0)
 
@@ -474,9 +510,9 @@ class MltTransport(Transport):
     def wait_any(self, wanted: Iterable[tuple[Peer, MessageKey]]) -> tuple[Peer, MessageKey]:
         return self.mailbox.wait_any(wanted, self.timeout)
 
-    def _control(self, peer: Peer, kind: int, step: int = 0) -> None:
+    def _control(self, peer: Peer, kind: int, step: int = 0, advised_kbps: int = 0) -> None:
         frame = codec.Frame(kind, self.me.role, self.me.rank, step, self.job, 0, 0, 0, 0, 0)
-        self._send_control(peer, codec.encode_datagram_header(frame, 0, 0))
+        self._send_control(peer, codec.encode_datagram_header(frame, 0, 0, 0, advised_kbps))
 
     def _send_control(self, peer: Peer, datagram: bytes) -> None:
         try:
@@ -484,12 +520,27 @@ class MltTransport(Transport):
         except OSError:
             pass  # best effort: a lost control datagram is repeated by its timer
 
+    def _fair_share_kbps(self, now: float) -> int:
+        """Our link's share per peer whose data arrived within ACTIVE_WINDOW_S (at least one)."""
+        active = sum(now - last <= ACTIVE_WINDOW_S for last in self._last_data.values())
+        return int(LINK_SHARE * self.options.link_mbps * 1000 / max(1, active))
+
+    def _advise_senders(self, now: float) -> None:
+        """Tell every active sender its fair share of our link."""
+        active = [peer for peer, last in self._last_data.items() if now - last <= ACTIVE_WINDOW_S]
+        if not active:
+            return
+        share = self._fair_share_kbps(now)
+        for peer in active:
+            self._control(peer, codec.KIND_RATE, advised_kbps=share)
+
     def _feedback(self, peer: Peer, key: MessageKey, reassembly: Reassembly, kind: int) -> None:
         bitmap = reassembly.missing_bitmap() if kind == codec.KIND_NACK else b""
         frame = codec.Frame(kind, self.me.role, self.me.rank, key.step, self.job, key.iteration, key.tensor,
                             0, len(bitmap), reassembly.total)
         self._send_control(peer, codec.encode_datagram_header(
-            frame, 0, reassembly.fragment_bytes, reassembly.delivered) + bitmap)
+            frame, 0, reassembly.fragment_bytes, reassembly.delivered,
+            self._fair_share_kbps(time.monotonic())) + bitmap)
 
     def _receive_loop(self) -> None:
         buffer = bytearray(65536)
@@ -534,15 +585,22 @@ class MltTransport(Transport):
         elif frame.kind == codec.KIND_BYE:
             with self._lock:
                 self._byes.add(peer)
+                # A peer closes only once it received every message it needs: whatever it has not
+                # ACKed (an ACK lost just before it closed) is delivered, and nobody will ACK it now.
+                for ident in [ident for ident in self._outgoing if ident[0] == peer]:
+                    del self._outgoing[ident]
                 self._lock.notify_all()
             self.mailbox.peer_gone(peer, "closed the connection")
             if frame.step == 0:
                 self._control(peer, codec.KIND_BYE, step=1)
         elif frame.kind == codec.KIND_ABORT:
             self._fail_peer(peer, "aborted")
+        elif frame.kind == codec.KIND_RATE and datagram.advised_kbps:
+            self._rates[peer].advise(datagram.advised_kbps * 125)
 
     def _on_data(self, peer: Peer, datagram: codec.Datagram, now: float) -> None:
         frame = datagram.frame
+        self._last_data[peer] = now
         key = MessageKey(frame.iteration, frame.tensor, frame.step)
         ident = (peer, key)
         reassembly = self._incoming.get(ident)
@@ -572,7 +630,10 @@ class MltTransport(Transport):
         self.mailbox.put(peer, key, reassembly)  # type: ignore[arg-type]  # recv() knows what it gets
 
     def _tick(self, now: float) -> None:
-        """Timers: complete or NACK quiet messages; probe or give up on unacknowledged ones."""
+        """Timers: advise senders; complete or NACK quiet messages; probe or give up on unacknowledged ones."""
+        if now >= self._next_advice:
+            self._advise_senders(now)
+            self._next_advice = now + ADVICE_INTERVAL_S
         for (peer, key), reassembly in list(self._incoming.items()):
             if now - reassembly.last_arrival > self.timeout:  # a stray fragment of a long-forgotten message
                 del self._incoming[(peer, key)]

@@ -23,11 +23,14 @@ from hostapps.profiles import ProfileModel
 
 @dataclass(frozen=True)
 class Unit:
-    """One communicated tensor of one iteration: a layer, a fused bucket of layers, or a partition of a layer."""
+    """One communicated tensor of one iteration: a layer, a fused bucket of layers, or a partition of a layer.
+    A PS slice (--ps-slice-bytes) is part `part` of `parts` near-equal slices of its tensor."""
     iteration: int
     tensor: int
     layers: tuple[int, ...]
     nbytes: int
+    part: int = 0
+    parts: int = 1
 
 
 @dataclass(frozen=True)
@@ -79,8 +82,10 @@ class ReadyOrder(Policy):
 
 
 def front_most(ready: Sequence[Unit]) -> int:
-    """Index of the unit the next forward pass needs first: oldest iteration, then lowest layer."""
-    return min(range(len(ready)), key=lambda i: (ready[i].iteration, min(ready[i].layers), ready[i].tensor))
+    """Index of the unit the next forward pass needs first: oldest iteration, then lowest layer, then
+    lowest slice."""
+    return min(range(len(ready)), key=lambda i: (ready[i].iteration, min(ready[i].layers), ready[i].tensor,
+                                                 ready[i].part))
 
 
 @register_policy("priority")
@@ -120,6 +125,12 @@ class Tac(Policy):
        sum forward_s[e:j]), deferring j would stall the forward pass: send j.
     3. otherwise send the front-most ready tensor that finishes before e is
        predicted ready, or wait (None) until e or another unit becomes ready.
+
+    PS slices: the plan stays per layer.  A layer's ready time is its first
+    slice's (from then on it can be sent) and rule 2 weighs whole layers, so
+    slicing does not change which layer goes first; rule 3 times the unit
+    itself (its 1/parts share of the layer's transfer), so a slice may fill a
+    gap that its whole layer would overrun.
     """
     modes = ("ps",)
 
@@ -130,7 +141,7 @@ class Tac(Policy):
 
     def became_ready(self, unit: Unit, now: float) -> None:
         start = self._first_ready.setdefault(unit.iteration, now)
-        self._offsets.setdefault(unit.iteration, {})[unit.tensor] = now - start
+        self._offsets.setdefault(unit.iteration, {}).setdefault(unit.tensor, now - start)
         for old in [it for it in self._offsets if it < unit.iteration - 1]:
             del self._offsets[old], self._first_ready[old]
 
@@ -151,8 +162,9 @@ class Tac(Policy):
         transfer, forward = self.oracle.transfer_s, self.oracle.forward_s
         if sum(transfer[i] for i in pending[1:] if i < j) + transfer[j] > sum(forward[e:j]):
             return j_index
-        fitting = [i for i, u in enumerate(ready) if u.iteration == it and now + transfer[u.tensor] <= e_ready]
-        return min(fitting, key=lambda i: ready[i].tensor) if fitting else None
+        fitting = [i for i, u in enumerate(ready)
+                   if u.iteration == it and now + transfer[u.tensor] / u.parts <= e_ready]
+        return min(fitting, key=lambda i: (ready[i].tensor, ready[i].part)) if fitting else None
 
 
 @register_policy("caramel")

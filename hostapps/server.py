@@ -3,18 +3,21 @@
 Synchronous: iteration t of a tensor completes when every worker has pushed
 its gradient.  Gradients are taken in arrival order (wait_any), and each
 tensor is queued for return to every worker as soon as it is updated; one
-send thread per worker picks the order with the --policy.
+send thread per worker picks the order with the --policy.  With
+--ps-slice-bytes the unit is a slice of a tensor instead (P3's parameter
+slicing): it is averaged, stepped and returned on its own, so the return of
+early slices overlaps the push of later ones on the full-duplex link.
 """
 import time
 
 import numpy as np
 
-from hostapps.collectives import PS_PULL, PS_PUSH, assign_shards
+from hostapps.collectives import PS_PULL, PS_PUSH, assign_shards, float_parts, ps_key
 from hostapps.config import RunConfig, build_model
 from hostapps.model import FlatModel, Sgd
 from hostapps.policies import SendLoop, Unit, make_policy, time_oracle
 from hostapps.records import Recorder
-from hostapps.transport import MessageKey, Peer, Transport, TransportError
+from hostapps.transport import Peer, Transport, TransportError
 from hostapps.worker import connect_transport
 
 
@@ -26,8 +29,11 @@ class ParameterShard:
         owners = assign_shards([layer.size for layer in model.layers], len(cfg.servers))
         self.tensors = [t for t, owner in enumerate(owners) if owner == cfg.rank]
         self.workers = [Peer("worker", r) for r in range(cfg.world)]
+        # Flat-buffer slices of each owned tensor, cut as the workers cut them (one when unsliced).
+        self.slices = {t: float_parts(model.layer_slice((t,)), cfg.ps_slice_bytes) for t in self.tensors}
         self.sgd = Sgd(cfg.lr, cfg.momentum, model.params.size)
-        self.scratch = np.empty(max(model.layers[t].size for t in self.tensors), dtype=np.float32)
+        self.scratch = np.empty(max(where.stop - where.start for parts in self.slices.values() for where in parts),
+                                dtype=np.float32)
         oracle = time_oracle(model, cfg.link_mbps)
         # One queue per worker: when many tensors are updated at once, the policy orders each worker's returns.
         self.senders = [SendLoop("send-%s" % (worker,), make_policy(cfg.policy, oracle), self._sender(worker),
@@ -36,8 +42,8 @@ class ParameterShard:
     def _sender(self, worker: Peer):
         def send(units: list[Unit]) -> None:
             for unit in units:
-                self.transport.send(worker, MessageKey(unit.iteration, unit.tensor, PS_PULL),
-                                    self.model.layer_params(unit.tensor))
+                self.transport.send(worker, ps_key(unit.iteration, unit.tensor, unit.part, PS_PULL),
+                                    self.model.params[self.slices[unit.tensor][unit.part]])
         return send
 
     def _check(self) -> None:
@@ -46,29 +52,32 @@ class ParameterShard:
                 raise sender.error
 
     def serve_iteration(self, iteration: int) -> float:
-        """Aggregate, step and return every owned tensor of one iteration; return the compute seconds."""
-        pending = {(worker, MessageKey(iteration, t, PS_PUSH)) for worker in self.workers for t in self.tensors}
-        arrived = dict.fromkeys(self.tensors, 0)
+        """Aggregate, step and return every owned slice of one iteration; return the compute seconds."""
+        slice_of = {ps_key(iteration, t, part, PS_PUSH): (t, part)
+                    for t in self.tensors for part in range(len(self.slices[t]))}
+        pending = {(worker, key) for worker in self.workers for key in slice_of}
+        arrived = dict.fromkeys(slice_of, 0)
         compute_s = 0.0
         while pending:
             self._check()
             peer, key = self.transport.wait_any(pending)
             pending.remove((peer, key))
             start = time.time()
-            t = key.tensor
-            grad = self.model.layer_grads(t)
-            if arrived[t] == 0:
+            t, part = slice_of[key]
+            where = self.slices[t][part]
+            grad = self.model.grads[where]
+            if arrived[key] == 0:
                 self.transport.recv(peer, key, out=grad)
             else:
                 incoming = self.scratch[:grad.size]
                 self.transport.recv(peer, key, out=incoming)
                 grad += incoming
-            arrived[t] += 1
-            if arrived[t] == len(self.workers):
+            arrived[key] += 1
+            if arrived[key] == len(self.workers):
                 grad *= np.float32(1.0 / len(self.workers))
-                self.sgd.step(self.model.layer_slice((t,)), self.model.params, self.model.grads)
+                self.sgd.step(where, self.model.params, self.model.grads)
                 for sender in self.senders:
-                    sender.queue.put(Unit(iteration, t, (t,), int(grad.nbytes)))
+                    sender.queue.put(Unit(iteration, t, (t,), int(grad.nbytes), part, len(self.slices[t])))
             compute_s += time.time() - start
         for worker, sender in zip(self.workers, self.senders):
             if not sender.queue.join(self.cfg.timeout):
@@ -106,7 +115,7 @@ def run_server(cfg: RunConfig) -> dict:
     summary = dict(role="server", rank=cfg.rank, mode=cfg.mode, model=cfg.profile or cfg.model,
                    final_accuracy=None, iterations=cfg.iterations, param_count=int(model.params.size),
                    bytes_per_iteration=int(model.params.nbytes), shard_tensors=shard.tensors,
-                   wall_time_s=time.time() - wall_start)
+                   transport=transport.counters(), wall_time_s=time.time() - wall_start)
     if cfg.out:
         recorder.write(cfg.out, model.layer_tensor_names(), summary)
     return {**summary, "model": model, "recorder": recorder}

@@ -8,6 +8,7 @@ loss bound.  Receiver threads drain every connection into a shared Mailbox, so
 sends never deadlock on a peer that is itself sending, and consumers can take
 messages in any order (`wait_any`) without knowing the sender's order.
 """
+import random
 import socket
 import threading
 import time
@@ -45,13 +46,22 @@ class TransportError(RuntimeError):
 
 
 def free_loopback_addresses(n: int) -> list[Address]:
-    """n distinct 127.0.0.1 ports that were free a moment ago (for loopback tests and the bench)."""
-    socks = [socket.socket() for _ in range(n)]
-    for sock in socks:
-        sock.bind(("127.0.0.1", 0))
-    found = [sock.getsockname() for sock in socks]
-    for sock in socks:
-        sock.close()
+    """n distinct 127.0.0.1 ports, free for TCP and UDP a moment ago (for loopback tests and the bench).
+
+    Drawn below Linux's ephemeral range (32768 and up): the datagram transport binds its many
+    source sockets to ephemeral ports, which must not take a port handed out here."""
+    found: list[Address] = []
+    while len(found) < n:
+        address = ("127.0.0.1", random.randrange(10000, 32768))
+        if address in found:
+            continue
+        try:
+            for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+                with socket.socket(socket.AF_INET, kind) as sock:
+                    sock.bind(address)
+        except OSError:
+            continue
+        found.append(address)
     return found
 
 
@@ -139,6 +149,10 @@ class Transport(ABC):
     @abstractmethod
     def abort(self) -> None:
         """Drop every connection at once (on error), so that peers fail fast."""
+
+    def counters(self) -> dict[str, float]:
+        """The transport's own counters for the run summary (retransmissions, NACKs...); none by default."""
+        return {}
 
 
 def _recv_exact(sock: socket.socket, view: memoryview, idle_ok: bool, closing: threading.Event) -> bool:

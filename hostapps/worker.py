@@ -12,9 +12,9 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from hostapps.collectives import (PS_PULL, PS_PUSH, Segment, assign_shards, chunk_bounds, make_buckets,
-                                  max_segments, pipelined_ring_allreduce, ring_min, ring_neighbours,
-                                  ring_step_count, split_bytes)
+from hostapps.collectives import (PS_PULL, PS_PUSH, Segment, assign_shards, chunk_bounds, float_parts,
+                                  make_buckets, max_segments, pipelined_ring_allreduce, ps_key, ring_min,
+                                  ring_neighbours, ring_step_count, split_bytes)
 from hostapps.config import RunConfig, build_model
 from hostapps.data import ShardedBatches, load_split
 from hostapps.mlt import MltOptions, MltTransport
@@ -73,14 +73,10 @@ class Piece(NamedTuple):
 def plan_pieces(model: FlatModel, cfg: RunConfig) -> list[Piece]:
     """The all-reduce units, in backward order: partitions of each layer (bytescheduler), buckets
     doubling from --partition-bytes (caramel), or --fusion buckets."""
-    sizes = [int(model.layer_grads(i).nbytes) for i in range(len(model.layers))]
     if cfg.policy == "bytescheduler":
-        pieces = []
-        for layer in reversed(range(len(sizes))):
-            where = model.layer_slice((layer,))
-            for lo, hi in chunk_bounds(where.stop - where.start, split_bytes(sizes[layer], cfg.partition_bytes)):
-                pieces.append(Piece((layer,), slice(where.start + lo, where.start + hi)))
-        return pieces
+        return [Piece((layer,), part) for layer in reversed(range(len(model.layers)))
+                for part in float_parts(model.layer_slice((layer,)), cfg.partition_bytes)]
+    sizes = [int(model.layer_grads(i).nbytes) for i in range(len(model.layers))]
     buckets = (make_buckets(sizes, cfg.partition_bytes, growth=2) if cfg.policy == "caramel"
                else make_buckets(sizes, cfg.fusion_bytes))
     return [Piece(layers, model.layer_slice(layers)) for layers in buckets]
@@ -170,22 +166,28 @@ class AllReduceSync(GradientSync):
 
 
 class PushPullSync(GradientSync):
-    """Push each gradient to its parameter-server shard; pull each layer's parameters before its forward."""
+    """Push each gradient to its parameter-server shard; pull each layer's parameters before its forward.
+
+    With --ps-slice-bytes each layer goes as slices (flat-buffer ranges cut identically by the server):
+    the server returns a slice as soon as every worker pushed it, so pulls overlap later pushes."""
 
     def __init__(self, cfg: RunConfig, transport: Transport, model: FlatModel, recorder: Recorder):
         super().__init__(cfg, transport, model, recorder)
         sizes = [layer.size for layer in model.layers]
         self.server_of = [Peer("server", s) for s in assign_shards(sizes, len(cfg.servers))]
+        self.slices = [float_parts(model.layer_slice((layer,)), cfg.ps_slice_bytes) for layer in range(len(sizes))]
         self.pulled = [-1] * len(model.layers)  # last iteration whose parameters each layer holds
 
     def gradient_ready(self, iteration: int, layer: int) -> None:
         self.check()
-        self.loop.queue.put(Unit(iteration, layer, (layer,), int(self.model.layer_grads(layer).nbytes)))
+        parts = self.slices[layer]
+        for part, where in enumerate(parts):
+            self.loop.queue.put(Unit(iteration, layer, (layer,), (where.stop - where.start) * 4, part, len(parts)))
 
     def communicate(self, units: list[Unit]) -> None:
         for unit in units:
-            self.transport.send(self.server_of[unit.tensor], MessageKey(unit.iteration, unit.tensor, PS_PUSH),
-                                self.model.layer_grads(unit.tensor))
+            self.transport.send(self.server_of[unit.tensor], ps_key(unit.iteration, unit.tensor, unit.part, PS_PUSH),
+                                self.model.grads[self.slices[unit.tensor][unit.part]])
 
     def wait_params(self, iteration: int, layer: int) -> None:
         if iteration == 0 or self.pulled[layer] >= iteration - 1:
@@ -193,8 +195,9 @@ class PushPullSync(GradientSync):
         self.check()
         start = time.time()
         with self.recorder.span("wait %s" % self.model.layers[layer].name, "wait"):
-            self.transport.recv(self.server_of[layer], MessageKey(iteration - 1, layer, PS_PULL),
-                                out=self.model.layer_params(layer))
+            for part, where in enumerate(self.slices[layer]):
+                self.transport.recv(self.server_of[layer], ps_key(iteration - 1, layer, part, PS_PULL),
+                                    out=self.model.params[where])
         self.pulled[layer] = iteration - 1
         self.wait_s += time.time() - start
 
@@ -274,7 +277,8 @@ def run_worker(cfg: RunConfig, on_iteration: Callable[[int], None] | None = None
     transport.close()
     summary = dict(role="worker", rank=cfg.rank, mode=cfg.mode, model=cfg.profile or cfg.model,
                    final_accuracy=accuracy, iterations=cfg.iterations, param_count=int(model.params.size),
-                   bytes_per_iteration=int(model.params.nbytes), wall_time_s=time.time() - wall_start)
+                   bytes_per_iteration=int(model.params.nbytes), transport=transport.counters(),
+                   wall_time_s=time.time() - wall_start)
     if cfg.out:
         recorder.write(cfg.out, sync.tensor_names(), summary)
         write_model(os.path.join(cfg.out, "model.npz"), model)

@@ -1,4 +1,5 @@
-"""Lower bounds, TicTac efficiency, iteration times and link utilization against hand values."""
+"""Lower bounds, TicTac efficiency, iteration times, baseline comparisons, delivered fractions,
+link utilization and imbalance against hand values."""
 import math
 
 import pandas as pd
@@ -76,17 +77,55 @@ def test_comm_time_is_mean_time_a_worker_iteration_had_transfers_in_flight():
     assert metrics.tensor_time_p99_s(tensors.iloc[2:3]) == pytest.approx(0.5)
 
 
+# Two repetitions of each scheme in ps, one in allreduce.
+BASELINE_RUNS = pd.DataFrame({
+    "scheme": ["base", "base", "fast", "fast", "base", "fast"],
+    "mode": ["ps", "ps", "ps", "ps", "allreduce", "allreduce"],
+    "iter_time_mean_s": [1.0, 3.0, 1.0, 4.0, 5.0, 2.5],
+    "final_accuracy": [0.90, 0.94, 0.95, 0.89, 0.80, 0.85],
+})
+
+
 def test_speedup_is_baseline_rep_mean_over_run_time_per_other_axes():
-    runs = pd.DataFrame({
-        "scheme": ["base", "base", "fast", "fast", "base", "fast"],
-        "mode": ["ps", "ps", "ps", "ps", "allreduce", "allreduce"],
-        "iter_time_mean_s": [1.0, 3.0, 1.0, 4.0, 5.0, 2.5],
-    })
+    runs = BASELINE_RUNS
     speedup = metrics.speedup_vs_baseline(runs, ["scheme", "mode"], "scheme", "base")
     assert speedup.tolist() == pytest.approx([2.0, 2 / 3, 2.0, 0.5, 1.0, 2.0])
     assert metrics.speedup_vs_baseline(runs, ["scheme"], "scheme", "base").tolist() == pytest.approx(
         [3.0, 1.0, 3.0, 0.75, 0.6, 1.2])
     assert metrics.speedup_vs_baseline(runs, ["scheme"], None, None).isna().all()
+
+
+def test_accuracy_delta_is_run_minus_baseline_rep_mean_per_other_axes():
+    delta = metrics.accuracy_delta_vs_baseline(BASELINE_RUNS, ["scheme", "mode"], "scheme", "base")
+    assert delta.tolist() == pytest.approx([-0.02, 0.02, 0.03, -0.03, 0.0, 0.05])
+    assert metrics.accuracy_delta_vs_baseline(BASELINE_RUNS, ["scheme"], None, None).isna().all()
+
+
+def test_delivered_fraction_is_byte_weighted_over_received_messages():
+    tensors = pd.DataFrame({
+        "direction": ["recv", "recv", "send"],
+        "bytes": [300, 100, 1000],
+        "delivered_fraction": [0.9, 0.5, 1.0],   # senders always log 1
+    })
+    assert metrics.delivered_fraction(tensors) == pytest.approx((300 * 0.9 + 100 * 0.5) / 400)
+    assert metrics.min_delivered_fraction(tensors) == pytest.approx(0.5)
+    sent_only = tensors[tensors["direction"] == "send"]
+    assert math.isnan(metrics.delivered_fraction(sent_only))
+    assert math.isnan(metrics.min_delivered_fraction(sent_only))
+
+
+def test_uplink_imbalance_is_byte_weighted_mean_of_leaves_max_over_mean():
+    rows = [
+        ("leaf1", "3", "fabric", 300), ("leaf1", "3", "fabric", 300), ("leaf1", "4", "fabric", 200),  # 600/400
+        ("leaf2", "3", "fabric", 100), ("leaf2", "4", "fabric", 100),                                 # even
+        ("leaf3", "3", "fabric", 0), ("leaf3", "4", "fabric", 0),           # idle: no weight
+        ("leaf1", "1", "host", 5000),                                       # a host port
+        ("spine1", "1", "fabric", 900), ("spine1", "2", "fabric", 0),       # downlinks
+    ]
+    links = pd.DataFrame(rows, columns=["switch", "port", "tier", "tx_bytes"])
+    assert metrics.uplink_imbalance(links) == pytest.approx((1.5 * 800 + 1.0 * 200) / 1000)
+    assert math.isnan(metrics.uplink_imbalance(links.assign(tx_bytes=0)))
+    assert math.isnan(metrics.uplink_imbalance(links.assign(switch=links["switch"].str.replace("leaf", "edge"))))
 
 
 PORT_RATES = pd.DataFrame([

@@ -1,5 +1,6 @@
 """Aggregation into tidy CSVs, summary.md and plots, from a generated results directory whose
 raw per-run records follow the host apps', controller's and runner's contracts."""
+import itertools
 import json
 import math
 from pathlib import Path
@@ -29,6 +30,15 @@ def iteration_s(run: Run) -> float:
     return {"baseline": 0.5, "spray": 0.4}[run.axes["scheme"]] * (1 + 0.1 * (run.rep - 1))
 
 
+def final_accuracy(run: Run) -> float:
+    """The fixture's final accuracy: spray's repetitions straddle the baseline's 0.92."""
+    return {"baseline": 0.92, "spray": {1: 0.91, 2: 0.95}[run.rep]}[run.axes["scheme"]]
+
+
+# Spray's received messages lose part of layer 0, as with the loss-tolerant transport.
+DELIVERED = {"baseline": {0: 1.0, 1: 1.0}, "spray": {0: 0.96, 1: 1.0}}
+
+
 def _write_csv(path: Path, rows: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(path, index=False)
@@ -51,18 +61,20 @@ def write_host_records(out: Path, run: Run, t0: float) -> None:
                 "wait_s": period - COMPUTE_S, "bytes_sent": 2000, "bytes_recv": 2000, "loss": 1 / (i + 1),
                 "test_accuracy": {1: 0.6, 3: 0.92}.get(i) if evaluated else None,
             })
-            for layer in range(2):
+            # Each layer is sent and received over the same interval (comm time stays COMM_SPAN_S).
+            for layer, direction in itertools.product(range(2), ("send", "recv")):
                 tensors.append({
                     "job": "fixture", "role": role, "rank": rank, "iteration": i, "tensor": f"w{layer}",
-                    "layer": layer, "bytes": MODEL_BYTES // 2, "direction": "send", "peer": "h1",
+                    "layer": layer, "bytes": MODEL_BYTES // 2, "direction": direction, "peer": "h1",
                     "start_s": start + 0.1 + layer * COMM_SPAN_S / 2,
-                    "end_s": start + 0.1 + (layer + 1) * COMM_SPAN_S / 2, "delivered_fraction": 1.0,
+                    "end_s": start + 0.1 + (layer + 1) * COMM_SPAN_S / 2,
+                    "delivered_fraction": DELIVERED[run.axes["scheme"]][layer] if direction == "recv" else 1.0,
                 })
         directory = results.process_dir(out, run.run_id, host, role, rank)
         _write_csv(directory / "iterations.csv", iterations)
         _write_csv(directory / "tensors.csv", tensors)
         (directory / "summary.json").write_text(json.dumps({
-            "final_accuracy": 0.92, "iterations": config.job.iterations,
+            "final_accuracy": final_accuracy(run), "iterations": config.job.iterations,
             "bytes_per_iteration": MODEL_BYTES, "param_count": MODEL_BYTES // 4, "wall_time_s": 3.0}))
 
 
@@ -214,23 +226,64 @@ def test_write_run_record_rejects_unknown_status(tmp_path):
         results.write_run_record(tmp_path, load_spec(FIXTURE_SPEC).runs[0], "done", 0.0, 1.0)
 
 
+def _summary_rows(lines: list[str], scheme: str) -> list[dict[str, str]]:
+    """The summary table rows of a scheme (one per mode, in spec order) as column -> cell."""
+    header = next(line for line in lines if line.startswith("| scheme"))
+    columns = [cell.strip() for cell in header.strip("|").split("|")]
+    rows = [line for line in lines if line.startswith(f"| {scheme} ")]
+    return [dict(zip(columns, [cell.strip() for cell in row.strip("|").split("|")])) for row in rows]
+
+
 def test_summary_has_a_table_per_mode_and_notes(out):
     text = write_summary(out)
     assert (out / "summary.md").read_text() == text
     lines = text.splitlines()
     assert "## allreduce" in lines and "## ps" in lines
     header = next(line for line in lines if line.startswith("| scheme"))
-    assert header.count("|") == 11
-    baseline_row = next(line for line in lines if line.startswith("| scheme=baseline"))
-    cells = [cell.strip() for cell in baseline_row.strip("|").split("|")]
-    assert cells[1] == "0.525 ± 0.0354"       # iteration time over the two repetitions
-    assert cells[6] == "150"                  # p99 tensor time in ms
-    assert cells[7] == "1.5"                  # ECMP: 0.6 / mean(0.6, 0.2)
-    assert cells[9] == "saturated 1/2"
-    spray_ps = [line for line in lines if line.startswith("| scheme=spray")][1]
-    assert spray_ps.split("|")[10].strip() == "ok" and spray_ps.split("|")[8].strip() == "1"
+    assert [cell.strip() for cell in header.strip("|").split("|")] == [
+        "scheme", "iter time (s)", "speedup", "samples/s", "final acc", "acc delta", "time-to-acc (s)",
+        "p99 tensor (ms)", "delivered fraction", "uplink imbalance", "lower bound (s)", "fidelity"]
+    baseline, baseline_ps = _summary_rows(lines, "scheme=baseline")
+    assert baseline["iter time (s)"] == "0.525 ± 0.0354"   # over the two repetitions
+    assert baseline["p99 tensor (ms)"] == "150"
+    assert baseline["uplink imbalance"] == "1.5"           # ECMP: 60 / mean(60, 20) Mbit/s
+    assert baseline["delivered fraction"] == "1 (min 1)"
+    assert baseline["fidelity"] == "saturated 1/2"
+    spray, spray_ps = _summary_rows(lines, "scheme=spray")
+    assert spray_ps["fidelity"] == "ok" and spray_ps["uplink imbalance"] == "1"
     assert f"- {FAILED_RUN}: failed: worker h2 exited with 1" in lines
     assert any(line.startswith(f"- {SATURATED_RUN}: host CPU saturated (mean 0.95 > 0.9)") for line in lines)
+
+
+def test_summary_compares_with_the_baseline_of_the_same_mode(out):
+    lines = write_summary(out).splitlines()
+    baseline, baseline_ps = _summary_rows(lines, "scheme=baseline")
+    spray, spray_ps = _summary_rows(lines, "scheme=spray")
+    # speedups 0.525/0.5 and 0.525/0.55; 0.525/0.4 and 0.525/0.44: mean ± std of the repetitions
+    assert baseline["speedup"] == "1 ± 0.0675"
+    assert spray["speedup"] == "1.25 ± 0.0844"
+    assert spray_ps["speedup"] == "1.31"                   # its second repetition failed: no spread
+    # final accuracy: the baseline 0.92; spray 0.91 and 0.95, of which ps has only the first
+    assert (baseline["final acc"], baseline["acc delta"]) == ("0.92", "+0.0 pt")
+    assert (spray["final acc"], spray["acc delta"]) == ("0.93", "+1.0 pt")
+    assert (spray_ps["final acc"], spray_ps["acc delta"]) == ("0.91", "-1.0 pt")
+    assert baseline_ps["acc delta"] == "+0.0 pt"
+
+
+def test_summary_delivered_fraction_is_byte_weighted_with_its_minimum(out):
+    spray, spray_ps = _summary_rows(write_summary(out).splitlines(), "scheme=spray")
+    # layers of equal size delivered 0.96 and 1: mean 0.98; sent rows (always 1) do not count
+    assert spray["delivered fraction"] == spray_ps["delivered fraction"] == "0.98 (min 0.96)"
+
+
+def test_summary_legend_defines_every_column(out):
+    lines = write_summary(out).splitlines()
+    assert ("Per training mode, one row per scheme, repetitions averaged; "
+            "compared with the baseline scheme=baseline.") in lines
+    legend = [line for line in lines if line.startswith("- ") and ":" in line]
+    header = next(line for line in lines if line.startswith("| scheme"))
+    columns = [cell.strip().split(" (")[0] for cell in header.strip("|").split("|")][1:]
+    assert [line[2:].split(":")[0] for line in legend[:len(columns)]] == columns
 
 
 def test_plots_are_drawn_from_csvs(out):

@@ -10,6 +10,8 @@ from experiments.spec import SpecError, load_spec, parse_spec, scheme_of, topolo
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "experiments"
 
+SLICE_RULE = ("(a byte count >= 0, a multiple of 4 (ps: each layer pushed and pulled in slices of at most this "
+              "size, as P3; 0: whole layers; allreduce runs ignore it))")
 MALFORMED = [
     ("topology: {spines: -1}", "topology.spines: -1 is not allowed (an integer >= 1)"),
     ("topology: {spines: two}", "topology.spines: 'two' is not allowed (an integer >= 1)"),
@@ -57,6 +59,8 @@ MALFORMED = [
     ("job: {mode: ps, policy: caramel}",
      "job.policy: 'caramel' is not allowed (ready, best or priority, tic, tac in ps mode)"),
     ("job: {target_accuracy: 0}", "job.target_accuracy: 0 is not allowed (a fraction in (0, 1])"),
+    ("job: {mode: ps, ps_slice_bytes: -4}", "job.ps_slice_bytes: -4 is not allowed " + SLICE_RULE),
+    ("job: {mode: ps, ps_slice_bytes: 4098}", "job.ps_slice_bytes: 4098 is not allowed " + SLICE_RULE),
     ("background: [{dst: h2}]",
      "background.0.src: missing (a host name or a list of distinct host names (incast))"),
     ("background: [{src: h1, dst: h1}]", "background.0.dst: 'h1' is not allowed (a host other than the sources)"),
@@ -149,6 +153,12 @@ matrix:
     baseline: base
   mode: {field: job.mode, values: [allreduce, ps]}
 """
+
+
+def test_ps_slice_bytes_defaults_to_whole_layers_and_is_taken_in_ps_mode():
+    assert parse_spec({}).runs[0].job.ps_slice_bytes == 0
+    assert parse_spec({"job": {"mode": "ps", "ps_slice_bytes": 4096}}).runs[0].job.ps_slice_bytes == 4096
+    assert parse_spec({"job": {"ps_slice_bytes": 4096}}).runs[0].job.ps_slice_bytes == 4096  # allreduce ignores it
 
 
 def test_matrix_expands_cartesian_product_with_repetitions_outermost():

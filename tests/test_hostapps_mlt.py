@@ -1,4 +1,5 @@
 """The loss-tolerant datagram transport: pure reassembly/rate logic, wire fuzzing, loopback transports, training."""
+import errno
 import random
 import socket
 import threading
@@ -121,6 +122,63 @@ def test_rate_control_backs_off_on_loss_and_probes_back_up(monkeypatch):
     assert waits[-1] == pytest.approx(0.01 - mlt.PACING_BURST_S)
 
 
+def test_receiver_advice_caps_the_rate_and_a_growing_share_lifts_it():
+    rate = RateControl(1e6)
+    rate.advise(0.25e6)  # four senders share the receiver's link
+    assert rate.rate == 0.25e6
+    for _ in range(10):
+        rate.on_feedback(0.0)
+    assert rate.rate == 0.25e6  # probing up stops at the advice
+    rate.on_feedback(0.2)  # loss elsewhere on the path
+    assert rate.rate == pytest.approx(0.225e6)
+    rate.advise(0.5e6)  # two senders left: the share grows by 0.25e6, the back-off stays
+    assert rate.rate == pytest.approx(0.475e6)
+    rate.advise(1.0)
+    assert rate.rate == rate.floor
+
+
+def test_a_receiver_advises_each_of_its_senders_a_fair_share(loopback_addresses):
+    a, b, c = loopback_addresses(3)
+    receiver = MltTransport(RECEIVER, c, 0, 5.0, options=MltOptions(link_mbps=100))
+    senders = [MltTransport(Peer("worker", 0), a, 0, 5.0, options=MltOptions(link_mbps=100)),
+               MltTransport(Peer("worker", 2), b, 0, 5.0, options=MltOptions(link_mbps=100))]
+    threads = [threading.Thread(target=s.connect, args=({RECEIVER: c}, {})) for s in senders]
+    threads.append(threading.Thread(target=receiver.connect, args=({}, {Peer("worker", 0): a, Peer("worker", 2): b})))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    threads = [threading.Thread(target=s.send, args=(RECEIVER, KEY, np.ones(250_000, np.float32))) for s in senders]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    out = np.empty(250_000, np.float32)
+    for s in senders:
+        assert receiver.recv(s.me, KEY, out) == 1.0
+    elapsed = time.monotonic() - started
+    time.sleep(0.05)  # the last ACKs
+    # Both 1 MB messages went at once, each paced to about half the receiver's link: 2 MB at 97 Mbit/s
+    # take 0.17 s (unadvised, each at its own 100 Mbit/s, 0.08 s).  The one to finish last was alone at
+    # the end and was advised the whole link.
+    assert 0.15 < elapsed < 1.0
+    assert sorted(s._rates[RECEIVER].advised * 8 / 1e6 for s in senders) == pytest.approx(
+        [mlt.LINK_SHARE * 100 / 2, mlt.LINK_SHARE * 100])
+    for t in [threading.Thread(target=x.close) for x in [receiver, *senders]]:
+        t.start()
+
+
+def test_a_peer_that_closes_releases_messages_whose_ack_was_lost(loopback_addresses, monkeypatch):
+    sender, receiver = transport_pair(loopback_addresses, timeout=2.0)
+    send_control = receiver._send_control
+    monkeypatch.setattr(receiver, "_send_control", lambda peer, datagram: None if codec.decode_datagram(
+        memoryview(datagram)).frame.kind == codec.KIND_ACK else send_control(peer, datagram))
+    sender.send(RECEIVER, KEY, np.ones(1000, np.float32))
+    assert receiver.recv(SENDER, KEY, np.empty(1000, np.float32)) == 1.0
+    started = time.monotonic()
+    close_pair(sender, receiver)  # the receiver's BYE stands for every ACK it owes
+    assert time.monotonic() - started < 1.0
+
+
 def valid_datagram() -> bytes:
     frame = codec.Frame(codec.KIND_DATA, "worker", 2, 1, 7, 9, 4, 200, 100, 1000)
     return codec.encode_datagram_header(frame, 5, 100) + bytes(100)
@@ -186,6 +244,33 @@ def test_nack_retransmission_fills_the_gaps(loopback_addresses):
     close_pair(sender, receiver)
 
 
+class RefusingSocket:
+    """A source socket whose sends are refused at random, as an nft output drop refuses them (EPERM)."""
+
+    def __init__(self, sock: socket.socket, rng: random.Random):
+        self.sock, self.rng = sock, rng
+
+    def sendmsg(self, *args):
+        if self.rng.random() < 0.2:
+            raise PermissionError(errno.EPERM, "Operation not permitted")
+        return self.sock.sendmsg(*args)
+
+    def close(self):
+        self.sock.close()
+
+
+def test_datagrams_the_local_stack_refuses_count_as_lost_and_are_retransmitted(loopback_addresses):
+    sender, receiver = transport_pair(loopback_addresses)
+    rng = random.Random(0)
+    sender._pools[0] = [RefusingSocket(sock, rng) for sock in sender._pool(0)]
+    values = np.arange(50_000, dtype=np.float32)
+    sender.send(RECEIVER, KEY, values)
+    out = np.empty_like(values)
+    assert receiver.recv(SENDER, KEY, out) == 1.0 and np.array_equal(out, values)
+    assert sender.stats.datagrams_refused > 0 and sender.stats.fragments_retransmitted >= sender.stats.datagrams_refused
+    close_pair(sender, receiver)
+
+
 def test_loss_within_the_bound_completes_without_retransmission(loopback_addresses):
     options = MltOptions(loss_bound=0.05, link_mbps=10000, drop_marking=True)
     sender, receiver = transport_pair(loopback_addresses, options, drop=lambda frame: frame.offset == 1400)
@@ -219,19 +304,35 @@ def test_an_aborting_peer_fails_the_other_fast_and_a_dead_one_within_the_timeout
     assert time.monotonic() - started < 3
 
 
+def test_aborting_wakes_a_thread_waiting_to_receive(loopback_addresses):
+    sender, receiver = transport_pair(loopback_addresses, timeout=30.0)
+    errors = []
+    waiting = threading.Thread(target=lambda: errors.append(pytest.raises(
+        TransportError, receiver.recv, SENDER, KEY, np.empty(4, np.float32))))
+    waiting.start()
+    time.sleep(0.1)
+    receiver.abort()  # as a worker's failing comm thread does while its compute thread waits for parameters
+    waiting.join(2.0)
+    assert not waiting.is_alive() and "worker1 aborted" in str(errors[0].value)
+    sender.abort()
+
+
 LOOPBACK = dict(transport="mlt", link_mbps=10000)  # loopback has no link rate: do not pace at 100 Mbit/s
 
 
 def test_training_over_mlt_matches_tcp(loopback_addresses):
     options = dict(iterations=20, batch=32, eval_every=0, width=64, depth=2, momentum=0.5)
-    for mode, shards in (("allreduce", 0), ("ps", 2)):
-        tcp = run_job(loopback_addresses, 4, mode, shards, **options)
-        datagrams = run_job(loopback_addresses, 4, mode, shards, **options, **LOOPBACK)
+    for mode, shards, slicing in (("allreduce", 0, {}), ("ps", 2, {}), ("ps", 2, {"ps_slice_bytes": 4096})):
+        tcp = run_job(loopback_addresses, 4, mode, shards, **options, **slicing)
+        datagrams = run_job(loopback_addresses, 4, mode, shards, **options, **slicing, **LOOPBACK)
         for a, b in zip(tcp, datagrams):
             assert np.abs(a["model"].params - b["model"].params).max() < 1e-4
 
 
-def test_training_converges_with_random_loss_within_the_bound(loopback_addresses, monkeypatch):
+# 33024: the 66048-byte fc2 goes as two slices of 24 datagrams, the only messages where one lost datagram stays
+# within the bound (fc1 goes as two slices of 12 datagrams): tolerated loss then happens on slices.
+@pytest.mark.parametrize("ps_slice_bytes", [0, 33024])
+def test_training_converges_with_random_loss_within_the_bound(loopback_addresses, monkeypatch, ps_slice_bytes):
     transports = []
     rng = random.Random(1)
 
@@ -239,7 +340,8 @@ def test_training_converges_with_random_loss_within_the_bound(loopback_addresses
         transports.append(MltTransport(*args, **kwargs, drop=lambda frame: rng.random() < 0.01))
         return transports[-1]
     monkeypatch.setattr(worker, "MltTransport", lossy_transport)
-    summaries = run_job(loopback_addresses, 2, "ps", 1, loss_bound=0.05, eval_every=0, **LOOPBACK)
+    summaries = run_job(loopback_addresses, 2, "ps", 1, loss_bound=0.05, eval_every=0, ps_slice_bytes=ps_slice_bytes,
+                        **LOOPBACK)
     assert summaries[0]["final_accuracy"] >= 0.9
     assert sum(t.stats.datagrams_dropped for t in transports) > 0
     # NACKs only ask for messages below 95% delivered; everything else completes as it is.

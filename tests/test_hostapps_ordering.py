@@ -2,10 +2,11 @@
 import numpy as np
 import pytest
 
-from hostapps.collectives import Segment, make_buckets, pipelined_ring_allreduce, ring_neighbours, ring_step_count
+from hostapps.collectives import (MAX_PS_SLICES, PS_PULL, PS_PUSH, Segment, float_parts, make_buckets,
+                                  pipelined_ring_allreduce, ps_key, ring_neighbours, ring_step_count)
 from hostapps.config import ConfigError, RunConfig
 from hostapps.policies import PolicyQueue, TimeOracle, Unit, make_policy
-from hostapps.transport import Peer
+from hostapps.transport import MessageKey, Peer
 from test_hostapps_collectives import connect_mesh, run_threads
 from test_hostapps_training import run_job
 
@@ -32,6 +33,26 @@ def test_each_policy_orders_a_ready_set_as_documented(name, expected):
 
 def test_front_layers_first_serves_the_older_iteration_first():
     assert picked_order("priority", [layer_unit(3, 1), layer_unit(0, 1), layer_unit(7, 0)]) == [7, 0, 3]
+
+
+def test_ps_slices_of_a_layer_and_their_keys():
+    # A layer of 2600 floats at flat offset 1000, cut at 4096 bytes (1024 floats): ceil(10400 / 4096) = 3
+    # contiguous slices of 867, 867 and 866 floats, none above 4096 bytes.
+    parts = float_parts(slice(1000, 3600), 4096)
+    assert parts == [slice(1000, 1867), slice(1867, 2734), slice(2734, 3600)]
+    assert float_parts(slice(1000, 3600), 0) == float_parts(slice(1000, 3600), 10400) == [slice(1000, 3600)]
+    assert [ps_key(7, 4, k, PS_PUSH) for k in range(3)] == [MessageKey(7, 4, step) for step in (0, 2, 4)]
+    assert [ps_key(7, 4, k, PS_PULL) for k in range(3)] == [MessageKey(7, 4, step) for step in (1, 3, 5)]
+    assert ps_key(7, 4, MAX_PS_SLICES - 1, PS_PULL).step == 0xFFFF  # the last step the 16-bit field holds
+
+
+def test_front_layers_first_takes_a_layer_s_slices_in_order():
+    ready = [Unit(0, 3, (3,), 100, part, 3) for part in (2, 0, 1)] + [Unit(0, 1, (1,), 100, 1, 2)]
+    policy, order = make_policy("priority", NO_TIMES), []
+    while ready:
+        unit = ready.pop(policy.pick(ready, 0.0))
+        order.append((unit.tensor, unit.part))
+    assert order == [(1, 1), (3, 0), (3, 1), (3, 2)]
 
 
 def test_bytescheduler_batch_stays_within_credit_and_the_agreed_arrivals():
@@ -83,6 +104,33 @@ def test_tac_sends_the_front_tensor_when_deferring_it_would_stall_the_forward():
     assert ready[tac.pick(ready, 10.001)].tensor == 2
 
 
+def test_tac_sends_a_slice_into_a_gap_its_whole_layer_would_overrun():
+    """The setting of the hand-checked test above at +2.5 ms, with only tensor 2 (10 ms) ready and tensor 0
+    due at +5 ms: whole, 2 does not fit and TAC waits; in 5 slices of 2 ms, its first slice fits."""
+    oracle = TimeOracle([0.010] * 4, [0.002, 0.001, 0.010, 0.001])
+    for parts in (1, 5):
+        tac = make_policy("tac", oracle)
+        for tensor, at in ((3, 0.0), (2, 0.001), (1, 0.002), (0, 0.005)):
+            tac.became_ready(Unit(0, tensor, (tensor,), 100, 0, parts), 100.0 + at)
+        t0 = 200.0
+        for tensor, at in ((3, 0.0), (1, 0.001)):  # sent already
+            tac.became_ready(Unit(1, tensor, (tensor,), 100, 0, parts), t0 + at)
+        ready = [Unit(1, 2, (2,), 100, part, parts) for part in range(parts)]
+        for unit in ready:
+            tac.became_ready(unit, t0 + 0.002)
+        assert tac.pick(ready, t0 + 0.0025) == (None if parts == 1 else 0)
+
+
+def test_tac_predicts_a_sliced_layer_ready_at_its_first_slice():
+    tac = make_policy("tac", TimeOracle([0.010] * 4, [0.002, 0.001, 0.010, 0.001]))
+    for tensor, part, at in ((3, 0, 0.0), (2, 0, 0.001), (2, 1, 0.001), (1, 0, 0.002), (0, 0, 0.005), (0, 1, 0.009)):
+        tac.became_ready(Unit(0, tensor, (tensor,), 100, part, 2), 100.0 + at)
+    for tensor, at in ((3, 0.0), (1, 0.001), (2, 0.002)):
+        tac.became_ready(Unit(1, tensor, (tensor,), 100, 0, 2), 200.0 + at)
+    # Tensor 0 is due at +5 ms (its first slice), not +9 ms: a 5 ms slice of tensor 2 at +2.5 ms must wait.
+    assert tac.pick([Unit(1, 2, (2,), 100, 0, 2)], 200.0025) is None
+
+
 def test_caramel_buckets_double_from_the_first():
     assert make_buckets([10] * 8, 10, growth=2) == [(7,), (6, 5), (4, 3, 2, 1), (0,)]
 
@@ -126,9 +174,17 @@ def test_ps_policies_keep_the_ready_order_parameters(loopback_addresses, policy)
         assert np.abs(result["model"].params - ready).max() < 1e-5
 
 
+@pytest.mark.parametrize("policy", ["ready", "priority", "tac"])
+def test_ps_policies_with_slices_keep_the_whole_layer_parameters(loopback_addresses, policy):
+    whole = run_job(loopback_addresses, 4, "ps", 2, **OPTIONS)[0]["model"].params
+    for result in run_job(loopback_addresses, 4, "ps", 2, policy=policy, ps_slice_bytes=4096, **OPTIONS):
+        assert np.allclose(result["model"].params, whole, atol=1e-6)
+
+
 def test_profile_job_with_tac_and_bytescheduler_runs(loopback_addresses):
     profile = dict(profile="resnet50", scale=0.001, iterations=3, eval_every=0)
     assert run_job(loopback_addresses, 2, "ps", 1, policy="tac", **profile)[0]["iterations"] == 3
+    assert run_job(loopback_addresses, 2, "ps", 1, policy="tac", ps_slice_bytes=1024, **profile)[0]["iterations"] == 3
     assert run_job(loopback_addresses, 2, policy="bytescheduler", partition_bytes=1024, **profile)[0]["iterations"] == 3
 
 

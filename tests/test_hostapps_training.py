@@ -52,6 +52,22 @@ def test_allreduce_ps_and_single_worker_reach_the_same_parameters(loopback_addre
         assert np.abs(result["model"].params - single).max() < 1e-4
 
 
+def test_ps_parameter_slicing_reaches_the_same_parameters_slice_by_slice(loopback_addresses):
+    options = dict(iterations=12, batch=32, eval_every=0, width=64, depth=2, momentum=0.5)
+    single = run_job(loopback_addresses, 1, **options)[0]["model"].params
+    whole = run_job(loopback_addresses, 2, "ps", 2, **options)
+    sliced = run_job(loopback_addresses, 2, "ps", 2, ps_slice_bytes=4096, **options)
+    for result in whole + sliced:
+        assert np.allclose(result["model"].params, single, atol=1e-6)
+    # fc1 and fc2 (4160 floats, 16640 bytes) go as 5 slices of 3328 bytes, out (2600 bytes) whole; slice k is
+    # pushed as step 2k and pulled as step 2k + 1, under the layer's tensor id.
+    messages = sliced[0]["recorder"].messages
+    expected = {(0, 2 * k, 3328) for k in range(5)} | {(1, 2 * k, 3328) for k in range(5)} | {(2, 0, 2600)}
+    for direction, step in (("send", 0), ("recv", 1)):
+        assert {(m[1], m[2], m[3]) for m in messages if m[0] == 1 and m[4] == direction} == {
+            (tensor, push + step, nbytes) for tensor, push, nbytes in expected}
+
+
 def test_mlp_reaches_90_percent_with_the_default_budget(loopback_addresses):
     defaults = RunConfig(role="worker", rank=0, workers=[("127.0.0.1", 1)])
     summary = run_job(loopback_addresses, 1)[0]
@@ -166,6 +182,15 @@ def test_peer_dying_mid_run_fails_the_others(loopback_addresses):
     (["--mode", "ps", "--servers", "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004"],
      "error: --servers: 4 shards but the model has only 3 tensors, so shard 3 would hold no data"),
     (["--workers", "nohost"], "error: --workers: bad address 'nohost' (expected host:port)"),
+    (["--ps-slice-bytes", "4096"], "error: --ps-slice-bytes: slices parameter-server messages: ps mode only, "
+                                   "not allreduce"),
+    (["--mode", "ps", "--servers", "127.0.0.1:7001", "--ps-slice-bytes", "-4"],
+     "error: --ps-slice-bytes: must be 0 (whole layers) or a positive multiple of 4 (whole floats), got -4"),
+    (["--mode", "ps", "--servers", "127.0.0.1:7001", "--ps-slice-bytes", "4098"],
+     "error: --ps-slice-bytes: must be 0 (whole layers) or a positive multiple of 4 (whole floats), got 4098"),
+    (["--mode", "ps", "--servers", "127.0.0.1:7001", "--width", "512", "--depth", "1", "--ps-slice-bytes", "4"],
+     "error: --ps-slice-bytes: 4 bytes cut layer fc1 (133120 bytes) into 33280 slices, more than the 32768 "
+     "the message step field can number"),
 ])
 def test_bad_input_is_one_line_naming_the_argument(args, message):
     base = {"--workers": "127.0.0.1:7101,127.0.0.1:7102"}
