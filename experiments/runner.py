@@ -240,6 +240,7 @@ def launch_job(fab: Fabric, out: Path, run: Run, layer_dscp: dict[int, int]) -> 
               "--lr", str(job.lr), "--seed", str(job.seed), "--transport", job.transport,
               "--timeout", str(PEER_TIMEOUT_S), "--eval-every", str(job.eval_every),
               "--loss-bound", str(job.loss_bound), "--fusion", job.fusion,
+              "--partition-bytes", str(job.partition_bytes),
               "--policy", BEST_SEND_ORDER[job.mode] if job.policy == "best" else job.policy,
               # A spec's matrix may cross slicing with both modes: allreduce has no PS messages to slice.
               *(["--ps-slice-bytes", str(job.ps_slice_bytes)] if job.mode == "ps" else []),

@@ -38,7 +38,7 @@ Scheduling = Literal["fifo", "layer", "tictac", "size"]
 Transport = Literal["tcp", "mlt"]
 SendOrder = Literal["ready", "best", "priority", "tic", "tac", "caramel", "bytescheduler"]
 # `best`: the strongest ordering the mode has (TicTac TAC at a PS, ByteScheduler for all-reduce).
-BEST_SEND_ORDER = {"ps": "tac", "allreduce": "bytescheduler"}
+BEST_SEND_ORDER = {"ps": "tac", "allreduce": "caramel"}
 PS_SEND_ORDERS = ("priority", "tic", "tac")
 ALLREDUCE_SEND_ORDERS = ("caramel", "bytescheduler")
 ModelName = Literal["mlp", "resnet50", "vgg16", "bert_base"]  # all but mlp are size profiles
@@ -146,6 +146,9 @@ class Job:
     policy: SendOrder = spec_field("ready")
     fusion: str = spec_field("none", "none, horovod, ddp or a bucket size in bytes (allreduce)",
                              lambda v: v in ("none", "horovod", "ddp") or v.isdigit())
+    partition_bytes: int = spec_field(
+        65536, "a byte count >= 4 (allreduce: caramel's first bucket and pipeline segment, bytescheduler's "
+        "partition)", lambda n: n >= 4)
     ps_slice_bytes: int = spec_field(
         0, "a byte count >= 0, a multiple of 4 (ps: each layer pushed and pulled in slices of at most "
         "this size, as P3; 0: whole layers; allreduce runs ignore it)", lambda n: n >= 0 and n % 4 == 0)

@@ -11,9 +11,11 @@ socket at its --workers/--servers address; data and the control channel
 (ACK/NACK, HELLO/BYE/ABORT) all arrive there.
 
 Completion (receiver): a message is complete as soon as all its bytes arrived,
-or once at least (1 - loss_bound) of them arrived and nothing for it arrived
-for a quiet period of max(--quiet-ms, 4 x its mean inter-arrival gap), so a
-slowly paced sender is not cut short.  It is then ACKed with the delivered
+or once at least (1 - loss_bound) of them arrived, its last fragment arrived
+(the sender sends in order, so its first pass is over) and nothing for it
+arrived for a quiet period of max(--quiet-ms, 4 x its mean inter-arrival gap),
+so a slowly paced sender, or one whose thread stalls (Python switches threads
+every 5 ms), is neither cut short nor asked for what it has yet to send.  It is then ACKed with the delivered
 byte count.  A quiet message below the bound is NACKed with a bitmap of its
 missing fragments (again after every further quiet period); the sender keeps
 every message until it is ACKed and retransmits exactly the NACKed fragments.
@@ -66,7 +68,8 @@ LE_DSCP = 1                    # RFC 8622 lower-effort
 RTO_S = 0.1                    # silence after a send pass before the sender probes
 MAX_RTO_S = 1.0
 HELLO_INTERVAL_S = 0.05
-ACTIVE_WINDOW_S = 0.02         # a peer whose data arrived this recently shares our link
+ACTIVE_WINDOW_S = 0.2          # a peer heard this recently shares our link: about an iteration, so a PS's
+                               # workers start each push phase at their share, not at the whole link
 ADVICE_INTERVAL_S = 0.01       # how often a receiver re-advises its active senders
 LINK_SHARE = 0.97              # advised share of the receiving link: leave room for control and ARP
 PACING_BURST_S = 0.002         # a sender may run this far ahead of its rate after idling
@@ -104,6 +107,7 @@ class MltStats:
     probes: int = 0
     nacks_sent: int = 0
     nack_max_delivered: float = 0.0  # highest delivered fraction of a message that was NACKed
+    duplicates: int = 0              # fragments that arrived again: retransmissions that were not needed
     ignored: int = 0                 # malformed or foreign datagrams
 
 
@@ -127,6 +131,7 @@ class Reassembly:
         self.arrivals = 0
         self.first_arrival = self.last_arrival = now
         self.last_nack = -math.inf
+        self.saw_last = False  # the last fragment arrived: the sender's first pass is over
         self.start_wall = time.time()
 
     def add(self, offset: int, total: int, fragment_bytes: int, payload: memoryview, now: float) -> bool:
@@ -138,6 +143,7 @@ class Reassembly:
         if self.received[index]:
             return False
         self.received[index] = True
+        self.saw_last |= index == len(self.received) - 1
         self._view[offset:offset + len(payload)] = payload
         self.delivered += len(payload)
         self.arrivals += 1
@@ -159,8 +165,8 @@ class Reassembly:
     def due(self, now: float, loss_bound: float, quiet_s: float) -> str | None:
         """'complete', 'nack' or None (keep waiting) for a message that is not yet whole."""
         quiet = self.quiet_period(quiet_s)
-        if now - self.last_arrival < quiet:
-            return None
+        if not self.saw_last or now - self.last_arrival < quiet:
+            return None  # a lost last fragment: the sender's probe re-sends it
         if self.within_bound(loss_bound):
             return "complete"
         return "nack" if now - self.last_nack >= quiet else None
@@ -279,8 +285,9 @@ class MltTransport(Transport):
         self._addresses: dict[Peer, Address] = {}
         self.mailbox = Mailbox(self._names)
         self._rates: dict[Peer, RateControl] = {}
-        # All peers share this host's link: a PS answering n workers must not send n links' worth.
-        self._nic = RateControl(self.options.link_mbps * 1e6 / 8)
+        # All peers share this host's link: a PS answering n workers must not send n links' worth.  Just
+        # under the link's rate, or the link's own queue grows with every pacing hiccup until it drops.
+        self._nic = RateControl(LINK_SHARE * self.options.link_mbps * 1e6 / 8)
         self._dscp: dict[Peer, int] = {}
         self._pools: dict[int, list[socket.socket]] = {}
         self._pool_lock = threading.Lock()
@@ -429,7 +436,7 @@ class MltTransport(Transport):
             if self._drop is not None and self._drop(frame):
                 self.stats.datagrams_dropped += 1
                 continue
-            low = message.marked is not None and message.marked[index]
+            low = message.marked is not None and bool(message.marked[index])
             header = codec.encode_datagram_header(frame, next(self._sequence) & 0xFFFFFFFF, size)
             try:
                 pools[LE_DSCP if low else message.dscp][port].sendmsg([header, view[offset:offset + length]], [],
@@ -607,6 +614,7 @@ class MltTransport(Transport):
         if reassembly is None:
             done = self._completed.get(ident)
             if done is not None:  # a late duplicate or a probe: our ACK may have been lost
+                self.stats.duplicates += 1
                 if now - done[1] >= self._quiet_s:
                     done[1] = now
                     self._send_control(peer, codec.encode_datagram_header(frame._replace(
@@ -614,8 +622,9 @@ class MltTransport(Transport):
                         0, datagram.fragment_bytes, int(done[0])))
                 return
             reassembly = self._incoming[ident] = Reassembly(frame.total, datagram.fragment_bytes, now)
-        reassembly.add(frame.offset, frame.total, datagram.fragment_bytes, datagram.payload, now)
-        if reassembly.delivered == reassembly.total:
+        if not reassembly.add(frame.offset, frame.total, datagram.fragment_bytes, datagram.payload, now):
+            self.stats.duplicates += 1
+        elif reassembly.delivered == reassembly.total:
             self._complete(peer, key, reassembly, now)
 
     def _complete(self, peer: Peer, key: MessageKey, reassembly: Reassembly, now: float) -> None:

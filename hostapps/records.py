@@ -82,8 +82,11 @@ class Recorder:
                                  "%.6f" % start, "%.6f" % end, "%.4f" % fraction])
         with open(os.path.join(out_dir, "trace.json"), "w") as f:
             json.dump(self.chrome_trace(tensor_names), f)
+        # Serialized before the file is opened: a value json cannot take fails without leaving half a
+        # summary.json for the runner to trip over.
+        text = json.dumps(summary, indent=2)
         with open(os.path.join(out_dir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
+            f.write(text)
 
     def chrome_trace(self, tensor_names: dict[int, tuple[str, str]]) -> dict:
         """Chrome trace-event format (chrome://tracing, Perfetto): complete events in microseconds."""

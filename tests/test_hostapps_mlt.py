@@ -1,5 +1,6 @@
 """The loss-tolerant datagram transport: pure reassembly/rate logic, wire fuzzing, loopback transports, training."""
 import errno
+import json
 import random
 import socket
 import threading
@@ -61,17 +62,24 @@ def test_loss_bound_decision_at_the_boundary():
     assert exactly_bound.due(now=0.005, loss_bound=0.05, quiet_s=0.005) == "complete"
     one_byte_less = reassembled(2001, 100, {4, 20})
     assert one_byte_less.delivered == 1900 and not one_byte_less.within_bound(0.05)
-    assert one_byte_less.due(now=0.005, loss_bound=0.05, quiet_s=0.005) == "nack"
-    assert list(missing_fragments(one_byte_less.missing_bitmap(), 2001, 100)) == [4, 20]
-    one_byte_less.last_nack = 0.005
-    assert one_byte_less.due(now=0.006, loss_bound=0.05, quiet_s=0.005) is None  # one NACK per quiet period
+    beyond = reassembled(2001, 100, {4, 5})
+    assert beyond.due(now=0.005, loss_bound=0.05, quiet_s=0.005) == "nack"
+    assert list(missing_fragments(beyond.missing_bitmap(), 2001, 100)) == [4, 5]
+    beyond.last_nack = 0.005
+    assert beyond.due(now=0.006, loss_bound=0.05, quiet_s=0.005) is None  # one NACK per quiet period
     assert reassembled(2001, 100, set()).due(now=0.005, loss_bound=0.0, quiet_s=0.005) == "complete"
-    assert reassembled(2001, 100, {20}).due(now=0.005, loss_bound=0.0, quiet_s=0.005) == "nack"  # p=0: all
+    assert reassembled(2001, 100, {4}).due(now=0.005, loss_bound=0.0, quiet_s=0.005) == "nack"  # p=0: all
+    # Until the last fragment arrives the sender may still be sending (a stalled thread): no decision,
+    # however long the quiet; its probe re-sends the last fragment.
+    no_last = reassembled(2001, 100, {4, 20})
+    assert no_last.within_bound(0.1) and no_last.due(now=10.0, loss_bound=0.1, quiet_s=0.005) is None
+    no_last.add(2000, 2001, 100, memoryview(b"x"), now=0.001)
+    assert no_last.due(now=0.006, loss_bound=0.1, quiet_s=0.005) == "complete"
 
 
 def test_quiet_period_stretches_for_a_slowly_paced_message():
     reassembly = Reassembly(4000, 1000, now=0.0)
-    for i, offset in enumerate((0, 1000, 2000)):
+    for i, offset in enumerate((0, 1000, 3000)):
         reassembly.add(offset, 4000, 1000, memoryview(bytes(1000)), now=0.01 * i)
     assert reassembly.quiet_period(0.005) == pytest.approx(0.04)
     assert reassembly.due(now=0.05, loss_bound=0.3, quiet_s=0.005) is None
@@ -158,11 +166,9 @@ def test_a_receiver_advises_each_of_its_senders_a_fair_share(loopback_addresses)
     elapsed = time.monotonic() - started
     time.sleep(0.05)  # the last ACKs
     # Both 1 MB messages went at once, each paced to about half the receiver's link: 2 MB at 97 Mbit/s
-    # take 0.17 s (unadvised, each at its own 100 Mbit/s, 0.08 s).  The one to finish last was alone at
-    # the end and was advised the whole link.
+    # take 0.17 s (unadvised, each at its own 100 Mbit/s, 0.08 s).
     assert 0.15 < elapsed < 1.0
-    assert sorted(s._rates[RECEIVER].advised * 8 / 1e6 for s in senders) == pytest.approx(
-        [mlt.LINK_SHARE * 100 / 2, mlt.LINK_SHARE * 100])
+    assert min(s._rates[RECEIVER].advised * 8 / 1e6 for s in senders) == pytest.approx(mlt.LINK_SHARE * 100 / 2)
     for t in [threading.Thread(target=x.close) for x in [receiver, *senders]]:
         t.start()
 
@@ -267,7 +273,8 @@ def test_datagrams_the_local_stack_refuses_count_as_lost_and_are_retransmitted(l
     sender.send(RECEIVER, KEY, values)
     out = np.empty_like(values)
     assert receiver.recv(SENDER, KEY, out) == 1.0 and np.array_equal(out, values)
-    assert sender.stats.datagrams_refused > 0 and sender.stats.fragments_retransmitted >= sender.stats.datagrams_refused
+    stats = sender.stats  # a refused last fragment is recovered by the probe that re-sends it
+    assert stats.datagrams_refused > 0 and stats.fragments_retransmitted + stats.probes >= stats.datagrams_refused
     close_pair(sender, receiver)
 
 
@@ -282,6 +289,7 @@ def test_loss_within_the_bound_completes_without_retransmission(loopback_address
     assert np.all(out[350:700] == 0) and np.array_equal(out[700:], values[700:])
     assert receiver.stats.nacks_sent == 0 and sender.stats.fragments_retransmitted == 0
     assert sender.stats.datagrams_marked == 5
+    assert json.loads(json.dumps(sender.counters()))["datagrams_marked"] == 5  # summary.json takes them
     le_socket = sender._pools[mlt.LE_DSCP][0]
     assert le_socket.getsockopt(socket.IPPROTO_IP, socket.IP_TOS) == mlt.LE_DSCP << 2
     close_pair(sender, receiver)
