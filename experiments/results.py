@@ -31,13 +31,13 @@ import pandas as pd
 import yaml
 
 from experiments import metrics
+from hostapps import records
 from experiments.spec import CONFIG_COLUMNS, Run, Spec, get_field, parse_spec, scheme_of
 
 # Inputs written per host-app process, per run by the controller and the runner.
-ITERATION_COLUMNS = ["job", "role", "rank", "iteration", "start_s", "end_s", "compute_s", "wait_s",
-                     "bytes_sent", "bytes_recv", "loss", "test_accuracy"]
-TENSOR_COLUMNS = ["job", "role", "rank", "iteration", "tensor", "layer", "bytes", "direction", "peer",
-                  "start_s", "end_s", "delivered_fraction"]
+# The host apps' CSV contracts (hostapps/records.py), as lists for pandas.
+ITERATION_COLUMNS = list(records.ITERATION_COLUMNS)
+TENSOR_COLUMNS = list(records.TENSOR_COLUMNS)
 # bytes_per_iteration is the model's size in bytes: the S of the lower bounds.
 SUMMARY_FIELDS = ["final_accuracy", "iterations", "bytes_per_iteration", "param_count", "wall_time_s"]
 PORT_COLUMNS = ["time_s", "switch", "port", "tx_bytes", "rx_bytes", "tx_packets", "rx_packets",

@@ -36,10 +36,10 @@ from experiments.metrics import METRIC_COLUMNS
 LoadBalancing = Literal["ecmp", "spray", "single"]
 Scheduling = Literal["fifo", "layer", "tictac", "size"]
 Transport = Literal["tcp", "mlt"]
-SendOrder = Literal["ready", "best", "priority", "tic", "tac", "caramel", "bytescheduler"]
+SendOrder = Literal["ready", "best", "random", "priority", "tic", "tac", "caramel", "bytescheduler"]
 # `best`: the strongest ordering the mode has (TicTac TAC at a PS, ByteScheduler for all-reduce).
 BEST_SEND_ORDER = {"ps": "tac", "allreduce": "caramel"}
-PS_SEND_ORDERS = ("priority", "tic", "tac")
+PS_SEND_ORDERS = ("random", "priority", "tic", "tac")
 ALLREDUCE_SEND_ORDERS = ("caramel", "bytescheduler")
 ModelName = Literal["mlp", "resnet50", "vgg16", "bert_base"]  # all but mlp are size profiles
 

@@ -15,10 +15,12 @@ or once at least (1 - loss_bound) of them arrived, its last fragment arrived
 (the sender sends in order, so its first pass is over) and nothing for it
 arrived for a quiet period of max(--quiet-ms, 4 x its mean inter-arrival gap),
 so a slowly paced sender, or one whose thread stalls (Python switches threads
-every 5 ms), is neither cut short nor asked for what it has yet to send.  It is then ACKed with the delivered
-byte count.  A quiet message below the bound is NACKed with a bitmap of its
-missing fragments (again after every further quiet period); the sender keeps
-every message until it is ACKed and retransmits exactly the NACKed fragments.
+every 5 ms), is neither cut short nor asked for what it has yet to send.  It is
+then ACKed with the delivered byte count.  A quiet message below the bound is
+NACKed with a bitmap of its missing fragments and its delivered count (again
+after every further quiet period); the sender keeps every message until it is
+ACKed and retransmits only NACKed fragments: just enough of them to bring the
+message within its bound, unmarked ones first, at the message's class.
 A sender that hears nothing for a while re-sends the message's last fragment,
 which makes the receiver ACK or NACK it.  loss_bound 0 is fully reliable.
 
@@ -188,6 +190,18 @@ def missing_fragments(bitmap: bytes | memoryview, total: int, fragment_bytes: in
     """Fragment indices whose bit is set in a NACK bitmap."""
     bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8), bitorder="little")
     return np.flatnonzero(bits[:fragment_count(total, fragment_bytes)])
+
+
+def fragments_to_resend(missing: np.ndarray, marked: np.ndarray | None, total: int, fragment_bytes: int,
+                        short_bytes: int) -> np.ndarray:
+    """The NACKed fragments worth resending: just enough to bring the message within its loss bound
+    (short_bytes more), the important ones first; all of them with loss bound 0.  Resending the marked
+    fragments a drop-marking sender let go would only feed the droppable queue again."""
+    if short_bytes <= 0:
+        return missing[:0]
+    order = missing if marked is None else missing[np.argsort(marked[missing], kind="stable")]
+    sizes = np.minimum(fragment_bytes, total - order * fragment_bytes)
+    return order[:int(np.searchsorted(np.cumsum(sizes), short_bytes)) + 1]
 
 
 def least_important_fragments(values: np.ndarray, fragment_bytes: int, share: float) -> np.ndarray | None:
@@ -411,8 +425,9 @@ class MltTransport(Transport):
                 self._pools[dscp] = _dscp_socket_pool(self.listen_address[0], self.options.sport_range, dscp)
             return self._pools[dscp]
 
-    def _send_pass(self, message: Outgoing, fragments: Sequence[int]) -> None:
-        """Send the given fragments paced, each from a random source port; then arm the probe timer."""
+    def _send_pass(self, message: Outgoing, fragments: Sequence[int], first: bool = True) -> None:
+        """Send the given fragments paced, each from a random source port; then arm the probe timer.
+        Only the first pass marks fragments LE: a fragment resent was needed after all."""
         total, size = message.payload.size, self._fragment_bytes
         view = memoryview(message.payload)
         address = self._addresses[message.peer]
@@ -436,7 +451,7 @@ class MltTransport(Transport):
             if self._drop is not None and self._drop(frame):
                 self.stats.datagrams_dropped += 1
                 continue
-            low = message.marked is not None and bool(message.marked[index])
+            low = first and message.marked is not None and bool(message.marked[index])
             header = codec.encode_datagram_header(frame, next(self._sequence) & 0xFFFFFFFF, size)
             try:
                 pools[LE_DSCP if low else message.dscp][port].sendmsg([header, view[offset:offset + length]], [],
@@ -460,7 +475,7 @@ class MltTransport(Transport):
         while (item := self._retransmits.get()) is not None:
             message, fragments = item
             try:
-                self._send_pass(message, fragments)
+                self._send_pass(message, fragments, first=False)
             except (OSError, TransportError) as e:
                 if not self._stopped.is_set():
                     self._fail_peer(message.peer, "could not be sent to (%s)" % e)
@@ -497,8 +512,11 @@ class MltTransport(Transport):
             elif not message.busy:  # a NACK; one already being served is not served twice
                 message.busy = True
                 missing = missing_fragments(datagram.payload, frame.total, datagram.fragment_bytes)
-                self.stats.fragments_retransmitted += len(missing)
-                self._retransmits.put((message, missing))
+                resend = fragments_to_resend(missing, message.marked, frame.total, datagram.fragment_bytes,
+                                             frame.total - datagram.delivered - allowed_missing_bytes(
+                                                 frame.total, self.options.loss_bound))
+                self.stats.fragments_retransmitted += len(resend)
+                self._retransmits.put((message, resend))
         if datagram.advised_kbps:
             self._rates[peer].advise(datagram.advised_kbps * 125)
         if first:

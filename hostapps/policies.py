@@ -4,7 +4,8 @@ A policy is a small class registered by name; `PolicyQueue` asks it to pick
 among the units that are ready.  The default sends in ready order.
 
 * PS mode: `priority` (front layers first, as P3), `tic` and `tac` (TicTac)
-  order worker gradient pushes and the server's parameter returns.
+  order worker gradient pushes and the server's parameter returns; `random`
+  is TicTac's baseline, no enforced order.
 * Allreduce mode: every rank must take the same units in the same order or the
   ring deadlocks.  `ready` and `caramel` pick in ready order, identical on
   every rank since backprop produces gradients in a fixed order.
@@ -12,6 +13,7 @@ among the units that are ready.  The default sends in ready order.
   other ranks on how many units are ready everywhere (`agree`), and picks
   only among those.
 """
+import random
 import threading
 import time
 from dataclasses import dataclass
@@ -79,6 +81,20 @@ class ReadyOrder(Policy):
 
     def pick(self, ready: Sequence[Unit], now: float) -> int | None:
         return 0
+
+
+@register_policy("random")
+class ArbitraryOrder(Policy):
+    """Any ready unit, drawn at random: TensorFlow's PS without TicTac, which enforces no order among the
+    transfers that are ready (TicTac's own baseline).  Seeded: a run is repeatable."""
+    modes = ("ps",)
+
+    def __init__(self, oracle: TimeOracle):
+        super().__init__(oracle)
+        self._rng = random.Random(0)
+
+    def pick(self, ready: Sequence[Unit], now: float) -> int | None:
+        return self._rng.randrange(len(ready))
 
 
 def front_most(ready: Sequence[Unit]) -> int:

@@ -1,7 +1,8 @@
 """What each process writes into --out: iterations.csv, tensors.csv, trace.json, summary.json.
 
 Byte counts are tensor payload bytes (frame headers, codec.HEADER.size bytes each, are not counted)
-and are attributed to the iteration named in the message.
+and are attributed to the iteration named in the message.  An iteration's delivered_fraction is
+the share of the bytes it received that arrived (below 1 only with a loss-tolerant transport).
 """
 import csv
 import json
@@ -15,7 +16,7 @@ from typing import Iterator
 from hostapps.transport import Peer
 
 ITERATION_COLUMNS = ("job", "role", "rank", "iteration", "start_s", "end_s", "compute_s", "wait_s",
-                     "bytes_sent", "bytes_recv", "loss", "test_accuracy")
+                     "bytes_sent", "bytes_recv", "delivered_fraction", "loss", "test_accuracy")
 TENSOR_COLUMNS = ("job", "role", "rank", "iteration", "tensor", "layer", "bytes", "direction", "peer",
                   "start_s", "end_s", "delivered_fraction")
 
@@ -52,10 +53,13 @@ class Recorder:
                                     compute_s=max(0.0, end_s - start_s - wait_s), wait_s=wait_s,
                                     loss=loss, test_accuracy=test_accuracy))
 
-    def bytes_by_iteration(self) -> dict[tuple[int, str], int]:
-        total: dict[tuple[int, str], int] = defaultdict(int)
-        for iteration, _, _, nbytes, direction, *_ in self.messages:
+    def bytes_by_iteration(self) -> dict[tuple[int, str], float]:
+        """Per (iteration, "send" | "recv" | "delivered"): bytes sent, to receive, and received."""
+        total: dict[tuple[int, str], float] = defaultdict(int)
+        for iteration, _, _, nbytes, direction, _, _, _, fraction in self.messages:
             total[(iteration, direction)] += nbytes
+            if direction == "recv":
+                total[(iteration, "delivered")] += nbytes * fraction
         return total
 
     def write(self, out_dir: str, tensor_names: dict[int, tuple[str, str]], summary: dict) -> None:
@@ -71,6 +75,9 @@ class Recorder:
                                  "compute_s": "%.6f" % row["compute_s"], "wait_s": "%.6f" % row["wait_s"],
                                  "bytes_sent": nbytes[(row["iteration"], "send")],
                                  "bytes_recv": nbytes[(row["iteration"], "recv")],
+                                 "delivered_fraction": "%.4f" % (nbytes[(row["iteration"], "delivered")] /
+                                                                 nbytes[(row["iteration"], "recv")]
+                                                                 if nbytes[(row["iteration"], "recv")] else 1.0),
                                  "loss": "" if row["loss"] is None else "%.6f" % row["loss"],
                                  "test_accuracy": "" if row["test_accuracy"] is None else "%.4f" % row["test_accuracy"]})
         with open(os.path.join(out_dir, "tensors.csv"), "w", newline="") as f:

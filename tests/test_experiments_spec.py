@@ -57,7 +57,7 @@ MALFORMED = [
     ("job: {mode: allreduce, policy: tac}",
      "job.policy: 'tac' is not allowed (ready, best or caramel, bytescheduler in allreduce mode)"),
     ("job: {mode: ps, policy: caramel}",
-     "job.policy: 'caramel' is not allowed (ready, best or priority, tic, tac in ps mode)"),
+     "job.policy: 'caramel' is not allowed (ready, best or random, priority, tic, tac in ps mode)"),
     ("job: {target_accuracy: 0}", "job.target_accuracy: 0 is not allowed (a fraction in (0, 1])"),
     ("job: {mode: ps, ps_slice_bytes: -4}", "job.ps_slice_bytes: -4 is not allowed " + SLICE_RULE),
     ("job: {mode: ps, ps_slice_bytes: 4098}", "job.ps_slice_bytes: 4098 is not allowed " + SLICE_RULE),
@@ -126,7 +126,8 @@ def test_empty_spec_is_one_run_of_defaults():
     assert run.config.worker_hosts == ["h1", "h2", "h3", "h4"] and run.config.server_hosts == []
 
 
-@pytest.mark.parametrize("name,runs", [("smoke", 2), ("default", 18)])
+@pytest.mark.parametrize("name,runs", [("smoke", 2), ("default", 18), ("headline", 42), ("loss_sweep", 12),
+                                       ("tictac", 12)])
 def test_shipped_specs_are_valid(name, runs):
     spec = load_spec(REPO / "experiments" / f"{name}.yaml")
     assert spec.name == name

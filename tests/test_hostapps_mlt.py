@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hostapps import codec, mlt, worker
-from hostapps.mlt import (MltOptions, MltTransport, RateControl, Reassembly, least_important_fragments,
-                          missing_fragments)
+from hostapps.mlt import (MltOptions, MltTransport, RateControl, Reassembly, fragments_to_resend,
+                          least_important_fragments, missing_fragments)
 from hostapps.transport import MessageKey, Peer, TransportError
 from test_hostapps_training import run_job
 
@@ -101,6 +101,18 @@ def test_lost_gradient_bytes_are_zero_and_lost_parameter_bytes_keep_their_value(
     rest = np.ones(500, dtype=bool)
     rest[lost] = False
     assert np.array_equal(gradient[rest], values[rest]) and np.array_equal(params[rest], values[rest])
+
+
+def test_a_nack_is_answered_with_just_enough_fragments_important_ones_first():
+    missing = np.array([2, 5, 7, 9])
+    marked = np.zeros(10, dtype=bool)
+    marked[[2, 7]] = True  # the sender let these go as lower-effort
+    # 10 fragments of 100 bytes, the last one 50: 150 bytes short of the bound -> two fragments
+    assert list(fragments_to_resend(missing, marked, 950, 100, 150)) == [5, 9]
+    assert list(fragments_to_resend(missing, marked, 950, 100, 151)) == [5, 9, 2]  # fragment 9 has 50 bytes
+    assert list(fragments_to_resend(missing, None, 950, 100, 100)) == [2]
+    assert list(fragments_to_resend(missing, None, 950, 100, 350)) == [2, 5, 7, 9]  # loss bound 0: everything
+    assert list(fragments_to_resend(missing, None, 950, 100, 0)) == []
 
 
 def test_drop_marking_picks_the_smallest_fragments_up_to_the_bound():

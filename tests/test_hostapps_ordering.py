@@ -167,7 +167,14 @@ def test_allreduce_policies_keep_the_single_worker_parameters(loopback_addresses
         assert np.abs(result["model"].params - single).max() < 1e-4
 
 
-@pytest.mark.parametrize("policy", ["priority", "tic", "tac"])
+def test_random_order_takes_every_ready_unit_in_a_seeded_arbitrary_order():
+    ready = [layer_unit(t) for t in range(20)]
+    order = picked_order("random", ready)
+    assert sorted(order) == list(range(20)) and order != list(range(20))
+    assert picked_order("random", ready) == order  # repeatable
+
+
+@pytest.mark.parametrize("policy", ["random", "priority", "tic", "tac"])
 def test_ps_policies_keep_the_ready_order_parameters(loopback_addresses, policy):
     ready = run_job(loopback_addresses, 4, "ps", 2, **OPTIONS)[0]["model"].params
     for result in run_job(loopback_addresses, 4, "ps", 2, policy=policy, **OPTIONS):

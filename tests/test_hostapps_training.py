@@ -12,8 +12,9 @@ import pytest
 
 from hostapps.config import RunConfig
 from hostapps.profiles import resnet50
-from hostapps.records import ITERATION_COLUMNS, TENSOR_COLUMNS
+from hostapps.records import ITERATION_COLUMNS, TENSOR_COLUMNS, Recorder
 from hostapps.server import run_server
+from hostapps.transport import Peer
 from hostapps.worker import run_worker
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -103,6 +104,21 @@ def start(*args):
 
 def peer_list(addresses):
     return ",".join("%s:%d" % a for a in addresses)
+
+
+def test_an_iterations_delivered_fraction_weighs_its_received_messages_by_bytes(tmp_path):
+    recorder = Recorder(0, "worker", 0)
+    server = Peer("server", 0)
+    recorder.log_message(0, 0, 1, 1000, "recv", server, 1.0, 1.1, 0.9)
+    recorder.log_message(0, 1, 1, 3000, "recv", server, 1.0, 1.1, 1.0)
+    recorder.log_message(0, 1, 0, 5000, "send", server, 1.0, 1.1, 1.0)
+    recorder.add_iteration(0, 1.0, 1.2, 0.1, 0.5, None)
+    recorder.add_iteration(1, 1.2, 1.3, 0.0, 0.4, None)  # received nothing: all of nothing arrived
+    recorder.write(str(tmp_path), {0: ("fc1", "0"), 1: ("fc2", "1")}, {})
+    with open(tmp_path / "iterations.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["delivered_fraction"] for r in rows] == ["0.9750", "1.0000"]
+    assert [r["bytes_recv"] for r in rows] == ["4000", "0"]
 
 
 @pytest.mark.slow
