@@ -51,8 +51,10 @@ def _fidelity(flags: pd.Series) -> str:
     return f"saturated {saturated}/{len(known)}" if saturated else "ok"
 
 
-def _time_to_accuracy(values: pd.Series) -> str:
+def _time_to_accuracy(values: pd.Series, final_accuracy: pd.Series) -> str:
     reached = values.dropna()
+    if final_accuracy.isna().all():
+        return "—"  # a layer profile has no accuracy to reach
     if reached.empty:
         return "never"
     partly = "" if len(reached) == len(values) else f" ({len(reached)}/{len(values)} reached)"
@@ -106,7 +108,7 @@ def scheme_rows(tables: dict[str, pd.DataFrame], spec: Spec) -> dict[str, pd.Dat
             rows.append([
                 scheme, _mean_spread(group["iter_time_mean_s"]), _mean_spread(group["speedup_vs_baseline"]),
                 _number(group["samples_per_s"].mean(), 4), _number(group["final_accuracy"].mean()),
-                _points(group["accuracy_delta"].mean()), _time_to_accuracy(group["time_to_accuracy_s"]),
+                _points(group["accuracy_delta"].mean()), _time_to_accuracy(group["time_to_accuracy_s"], group["final_accuracy"]),
                 _number(group["tensor_p99_ms"].mean()), _delivered(group["delivered"], group["delivered_min"]),
                 _number(group["uplink_imbalance"].mean()), _number(group["lower_bound_s"].mean()),
                 _fidelity(group["fidelity_ok"]),

@@ -309,3 +309,12 @@ def test_plots_skip_figures_without_data(tmp_path):
     results.aggregate(tmp_path)
     assert plot_all(tmp_path) == []
     assert "no hosts" in write_summary(tmp_path)
+
+
+def test_time_to_accuracy_cell_tells_never_reached_from_no_accuracy_at_all():
+    from experiments.summary import _time_to_accuracy
+    nan = float("nan")
+    assert _time_to_accuracy(pd.Series([10.0, 14.0]), pd.Series([0.9, 0.9])) == "12"
+    assert _time_to_accuracy(pd.Series([10.0, nan]), pd.Series([0.9, 0.8])) == "10 (1/2 reached)"
+    assert _time_to_accuracy(pd.Series([nan, nan]), pd.Series([0.8, 0.8])) == "never"
+    assert _time_to_accuracy(pd.Series([nan, nan]), pd.Series([nan, nan])) == "—"  # a layer profile
