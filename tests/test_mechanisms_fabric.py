@@ -1,5 +1,6 @@
 """The research mechanisms on the emulated fabric (root): gradient-aware priority against FIFO under
-competing bulk traffic, and bounded-loss training under random loss.  One experiment
+competing bulk traffic (over mlt, whose senders mark each layer's class), and bounded-loss training
+under random loss.  One experiment
 (tests/fixtures/experiments/mechanisms.yaml, about a minute) serves every test here."""
 import json
 from pathlib import Path
@@ -43,8 +44,8 @@ def test_layer_priority_brings_front_layers_back_sooner_than_fifo_under_bulk_tra
     print(f"front layer back after the first push: fifo {fifo.mean():.3f} s, layer {layer.mean():.3f} s")
     assert len(fifo) == len(layer) == 3 * 60
     # Two bulk TCP flows each way share the server's link with the 3 workers: under FIFO the job
-    # gets about 3/5 of it, with the job's connections in a higher class all of it.
-    assert layer.mean() < 0.85 * fifo.mean()
+    # gets a share of it, in the layers' classes all it needs (measured: 0.66-0.78 of FIFO's delay).
+    assert layer.mean() < 0.9 * fifo.mean()
     runs = pd.read_csv(results / "runs.csv").set_index("scheme")
     assert runs.loc["layer", "iter_time_mean_s"] < runs.loc["fifo", "iter_time_mean_s"]
 
