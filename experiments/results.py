@@ -31,8 +31,8 @@ import pandas as pd
 import yaml
 
 from experiments import metrics
-from hostapps import records
 from experiments.spec import CONFIG_COLUMNS, Run, Spec, get_field, parse_spec, scheme_of
+from hostapps import records
 
 # Inputs written per host-app process, per run by the controller and the runner.
 # The host apps' CSV contracts (hostapps/records.py), as lists for pandas.

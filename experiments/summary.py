@@ -108,7 +108,8 @@ def scheme_rows(tables: dict[str, pd.DataFrame], spec: Spec) -> dict[str, pd.Dat
             rows.append([
                 scheme, _mean_spread(group["iter_time_mean_s"]), _mean_spread(group["speedup_vs_baseline"]),
                 _number(group["samples_per_s"].mean(), 4), _number(group["final_accuracy"].mean()),
-                _points(group["accuracy_delta"].mean()), _time_to_accuracy(group["time_to_accuracy_s"], group["final_accuracy"]),
+                _points(group["accuracy_delta"].mean()),
+                _time_to_accuracy(group["time_to_accuracy_s"], group["final_accuracy"]),
                 _number(group["tensor_p99_ms"].mean()), _delivered(group["delivered"], group["delivered_min"]),
                 _number(group["uplink_imbalance"].mean()), _number(group["lower_bound_s"].mean()),
                 _fidelity(group["fidelity_ok"]),

@@ -488,12 +488,16 @@ class MltTransport(Transport):
         if self._stopped.is_set():
             raise TransportError("%s: transport is closed" % self.me)
 
+    def _forget_outgoing(self, peer: Peer) -> None:
+        """Drop every message kept for `peer` (with _lock held)."""
+        for ident in [ident for ident in self._outgoing if ident[0] == peer]:
+            del self._outgoing[ident]
+        self._lock.notify_all()
+
     def _fail_peer(self, peer: Peer, reason: str) -> None:
         with self._lock:
             self._gone.setdefault(peer, reason)
-            for ident in [ident for ident in self._outgoing if ident[0] == peer]:
-                del self._outgoing[ident]
-            self._lock.notify_all()
+            self._forget_outgoing(peer)
         self.mailbox.peer_gone(peer, reason)
 
     def _on_feedback(self, peer: Peer, datagram: codec.Datagram, now: float) -> None:
@@ -517,8 +521,6 @@ class MltTransport(Transport):
                                                  frame.total, self.options.loss_bound))
                 self.stats.fragments_retransmitted += len(resend)
                 self._retransmits.put((message, resend))
-        if datagram.advised_kbps:
-            self._rates[peer].advise(datagram.advised_kbps * 125)
         if first:
             self._rates[peer].on_feedback(1 - datagram.delivered / frame.total if frame.total else 0.0)
 
@@ -545,27 +547,27 @@ class MltTransport(Transport):
         except OSError:
             pass  # best effort: a lost control datagram is repeated by its timer
 
-    def _fair_share_kbps(self, now: float) -> int:
-        """Our link's share per peer whose data arrived within ACTIVE_WINDOW_S (at least one)."""
-        active = sum(now - last <= ACTIVE_WINDOW_S for last in self._last_data.values())
-        return int(LINK_SHARE * self.options.link_mbps * 1000 / max(1, active))
+    def _active_senders(self, now: float) -> list[Peer]:
+        """The peers whose data arrived within ACTIVE_WINDOW_S: they share our link."""
+        return [peer for peer, last in self._last_data.items() if now - last <= ACTIVE_WINDOW_S]
+
+    def _fair_share_kbps(self, senders: int) -> int:
+        """Our link's share per active sender (at least one)."""
+        return int(LINK_SHARE * self.options.link_mbps * 1000 / max(1, senders))
 
     def _advise_senders(self, now: float) -> None:
         """Tell every active sender its fair share of our link."""
-        active = [peer for peer, last in self._last_data.items() if now - last <= ACTIVE_WINDOW_S]
-        if not active:
-            return
-        share = self._fair_share_kbps(now)
+        active = self._active_senders(now)
         for peer in active:
-            self._control(peer, codec.KIND_RATE, advised_kbps=share)
+            self._control(peer, codec.KIND_RATE, advised_kbps=self._fair_share_kbps(len(active)))
 
-    def _feedback(self, peer: Peer, key: MessageKey, reassembly: Reassembly, kind: int) -> None:
+    def _feedback(self, peer: Peer, key: MessageKey, reassembly: Reassembly, kind: int, now: float) -> None:
         bitmap = reassembly.missing_bitmap() if kind == codec.KIND_NACK else b""
         frame = codec.Frame(kind, self.me.role, self.me.rank, key.step, self.job, key.iteration, key.tensor,
                             0, len(bitmap), reassembly.total)
         self._send_control(peer, codec.encode_datagram_header(
             frame, 0, reassembly.fragment_bytes, reassembly.delivered,
-            self._fair_share_kbps(time.monotonic())) + bitmap)
+            self._fair_share_kbps(len(self._active_senders(now)))) + bitmap)
 
     def _receive_loop(self) -> None:
         buffer = bytearray(65536)
@@ -597,6 +599,8 @@ class MltTransport(Transport):
         if frame.job != self.job or peer not in self._addresses:
             self.stats.ignored += 1
             return
+        if datagram.advised_kbps:  # RATE frames, ACKs and NACKs carry the receiver's advice
+            self._rates[peer].advise(datagram.advised_kbps * 125)
         if frame.kind == codec.KIND_DATA:
             self._on_data(peer, datagram, now)
         elif frame.kind in (codec.KIND_ACK, codec.KIND_NACK):
@@ -612,16 +616,12 @@ class MltTransport(Transport):
                 self._byes.add(peer)
                 # A peer closes only once it received every message it needs: whatever it has not
                 # ACKed (an ACK lost just before it closed) is delivered, and nobody will ACK it now.
-                for ident in [ident for ident in self._outgoing if ident[0] == peer]:
-                    del self._outgoing[ident]
-                self._lock.notify_all()
+                self._forget_outgoing(peer)
             self.mailbox.peer_gone(peer, "closed the connection")
             if frame.step == 0:
                 self._control(peer, codec.KIND_BYE, step=1)
         elif frame.kind == codec.KIND_ABORT:
             self._fail_peer(peer, "aborted")
-        elif frame.kind == codec.KIND_RATE and datagram.advised_kbps:
-            self._rates[peer].advise(datagram.advised_kbps * 125)
 
     def _on_data(self, peer: Peer, datagram: codec.Datagram, now: float) -> None:
         frame = datagram.frame
@@ -650,7 +650,7 @@ class MltTransport(Transport):
         self._completed[(peer, key)] = [reassembly.delivered, now]
         if len(self._completed) > COMPLETED_MEMORY:
             self._completed.popitem(last=False)
-        self._feedback(peer, key, reassembly, codec.KIND_ACK)
+        self._feedback(peer, key, reassembly, codec.KIND_ACK, now)
         if self._log:
             self._log(key.iteration, key.tensor, key.step, reassembly.total, "recv", peer, reassembly.start_wall,
                       time.time(), reassembly.delivered_fraction)
@@ -672,7 +672,7 @@ class MltTransport(Transport):
                 reassembly.last_nack = now
                 self.stats.nacks_sent += 1
                 self.stats.nack_max_delivered = max(self.stats.nack_max_delivered, reassembly.delivered_fraction)
-                self._feedback(peer, key, reassembly, codec.KIND_NACK)
+                self._feedback(peer, key, reassembly, codec.KIND_NACK, now)
         expired = []
         with self._lock:
             for message in self._outgoing.values():

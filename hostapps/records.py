@@ -71,13 +71,12 @@ class Recorder:
             writer = csv.DictWriter(f, ITERATION_COLUMNS)
             writer.writeheader()
             for row in self.iterations:
+                received = nbytes[(row["iteration"], "recv")]
+                delivered = nbytes[(row["iteration"], "delivered")] / received if received else 1.0
                 writer.writerow({**ident, **row, "start_s": "%.6f" % row["start_s"], "end_s": "%.6f" % row["end_s"],
                                  "compute_s": "%.6f" % row["compute_s"], "wait_s": "%.6f" % row["wait_s"],
-                                 "bytes_sent": nbytes[(row["iteration"], "send")],
-                                 "bytes_recv": nbytes[(row["iteration"], "recv")],
-                                 "delivered_fraction": "%.4f" % (nbytes[(row["iteration"], "delivered")] /
-                                                                 nbytes[(row["iteration"], "recv")]
-                                                                 if nbytes[(row["iteration"], "recv")] else 1.0),
+                                 "bytes_sent": nbytes[(row["iteration"], "send")], "bytes_recv": received,
+                                 "delivered_fraction": "%.4f" % delivered,
                                  "loss": "" if row["loss"] is None else "%.6f" % row["loss"],
                                  "test_accuracy": "" if row["test_accuracy"] is None else "%.4f" % row["test_accuracy"]})
         with open(os.path.join(out_dir, "tensors.csv"), "w", newline="") as f:

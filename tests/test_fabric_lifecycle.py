@@ -6,12 +6,11 @@ import os
 import subprocess
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
 from fabric_tools import REPO, wait_until
-from topologies.fabric import Fabric
+from topologies.fabric import PORT_SOCKET_BUFFER_BYTES, RMEM_DEFAULT, Fabric
 
 pytestmark = pytest.mark.integration
 
@@ -49,12 +48,11 @@ def fabric(params: dict, tmp_path) -> Fabric:
 
 
 def test_one_controller_serves_successive_fabrics(controller, tmp_path):
-    rmem_default = Path("/proc/sys/net/core/rmem_default")
-    rmem_default.write_text("212992")  # the kernel's default
+    RMEM_DEFAULT.write_text("212992")  # the kernel's default
     with fabric({"spines": 2, "leaves": 2, "hosts": 2}, tmp_path / "a") as fab:
         fab.wait_reachable()
-        # the switches' port sockets got buffers that absorb bursts (topologies/fabric.py)
-        assert int(rmem_default.read_text()) >= 2 << 20
+        # the switches' port sockets got buffers that absorb bursts
+        assert int(RMEM_DEFAULT.read_text()) >= PORT_SOCKET_BUFFER_BYTES == 2 << 20
     # Same DPIDs, another shape: a third spine, three leaves, one host each.
     with fabric({"spines": 3, "leaves": 3, "hosts": 1}, tmp_path / "b") as fab:
         fab.wait_reachable()
