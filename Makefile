@@ -30,13 +30,14 @@ $(VENV)/.installed: requirements.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -r requirements.txt
 	@touch $@
 
-# Start Open vSwitch when it is not running (nothing starts it on a fresh machine).
-ovs:
-	@if ! ovs-vsctl --timeout=3 show >/dev/null 2>&1; then \
-	  if [ "$$(id -u)" != 0 ]; then echo "setup: Open vSwitch is not running; start it as root (sudo make setup)" >&2; exit 1; fi; \
-	  echo "setup: starting Open vSwitch"; \
-	  /usr/share/openvswitch/scripts/ovs-ctl start --system-id=random >/dev/null 2>&1 || { echo "setup: ovs-ctl start failed" >&2; exit 1; }; \
-	fi
+# Raise the socket buffers the switches need (never lower them), then start Open vSwitch, or
+# restart it once if it runs with a smaller transmit buffer (topologies/machine.py says why).
+ovs: venv
+	@if [ "$$(id -u)" != 0 ]; then \
+	  if ovs-vsctl --timeout=3 show >/dev/null 2>&1; then exit 0; fi; \
+	  echo "setup: Open vSwitch is not running; start it as root (sudo make setup)" >&2; exit 1; \
+	fi; \
+	$(PY) -m topologies.machine
 
 test: setup
 	$(PY) -m pytest -q tests $(PYTEST_ARGS)

@@ -17,7 +17,7 @@ from typing import Callable
 
 from experiments.spec import Fault, Flow, RunConfig
 from topologies.fabric import Fabric, kill_group
-from topologies.shaping import htb_priority_tree
+from topologies.shaping import htb_classes
 
 IPERF_PORT = 5201  # flow i's iperf3 servers listen on IPERF_PORT + 10*i + source index
 NFT_TABLE = "dnntb"  # + the interface name: one nftables table per interface with loss
@@ -187,10 +187,8 @@ def _rate_cut(fab: Fabric, fault: Fault) -> tuple[Callable[[], None], Callable[[
 
     def set_rate(rate_mbit: float | None) -> None:
         for intf in ends:
-            lines = htb_priority_tree(intf.name, rate_mbit or intf.bw, intf.queue_bytes)
-            for line in lines:
-                if line.startswith("class "):
-                    _checked(intf, f"tc {line}")
+            for line in htb_classes(intf.name, rate_mbit or intf.bw, intf.mtu):
+                _checked(intf, f"tc {line}")
 
     return lambda: set_rate(fault.rate_mbps), lambda: set_rate(None)
 

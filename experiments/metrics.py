@@ -22,27 +22,41 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-# Above this mean host CPU utilization the emulation is CPU-bound, not network-bound.
-FIDELITY_CPU_LIMIT = 0.9
+from experiments.fidelity import FIDELITY_COLUMNS
+from hostapps.codec import DATAGRAM_HEADER_BYTES
+from hostapps.mlt import IP_UDP_HEADER_BYTES, payload_for_mtu
+from topologies.shaping import ETHERNET_HEADER_BYTES
 
-# The per-run metric columns of runs.csv, in order (run_metrics + speedup_vs_baseline).
+# The per-run metric columns of runs.csv, in order (run_metrics, speedup_vs_baseline, the guard's).
 METRIC_COLUMNS = [
     "iter_time_mean_s", "iter_time_p50_s", "iter_time_p99_s", "samples_per_s",
     "final_accuracy", "time_to_accuracy_s", "bytes_sent", "lower_bound_s",
-    "tictac_efficiency", "speedup_vs_baseline", "cpu_util_mean", "fidelity_ok",
+    "tictac_efficiency", "speedup_vs_baseline", *FIDELITY_COLUMNS,
 ]
+TCP_IP_HEADER_BYTES = 52  # IPv4 20 + TCP 20 + the timestamp option 12
+
+
+def wire_bytes_per_payload_byte(mtu: int, transport: str) -> float:
+    """What a link carries (Ethernet frames, as the shapers count them) per byte of tensor payload,
+    with full-size packets: TCP segments of mtu - 52 bytes, mlt datagrams of payload_for_mtu."""
+    if transport == "tcp":
+        return (mtu + ETHERNET_HEADER_BYTES) / (mtu - TCP_IP_HEADER_BYTES)
+    if transport == "mlt":
+        payload = payload_for_mtu(mtu)
+        return (payload + DATAGRAM_HEADER_BYTES + IP_UDP_HEADER_BYTES + ETHERNET_HEADER_BYTES) / payload
+    raise ValueError(f"transport: {transport!r} is not allowed (tcp or mlt)")
 
 
 def comm_lower_bound_s(mode: str, model_bytes: float, host_bw_mbps: float,
-                       workers: int, servers: int) -> float:
-    """Analytical lower bound on one iteration's communication time.
+                       workers: int, servers: int, mtu: int, transport: str) -> float:
+    """Analytical lower bound on one iteration's communication time, framing at the MTU included.
 
     Ring all-reduce: every worker sends and receives 2(n-1)/n of the model over its link.
     Parameter server with k shards: every worker pushes the whole model (S/B) and the shards
     together receive n models over k links (n*S/(k*B)).
     """
     rate_bytes_per_s = host_bw_mbps * 1e6 / 8
-    seconds_per_model = model_bytes / rate_bytes_per_s
+    seconds_per_model = model_bytes * wire_bytes_per_payload_byte(mtu, transport) / rate_bytes_per_s
     if mode == "allreduce":
         return 2 * (workers - 1) / workers * seconds_per_model
     if mode == "ps":
@@ -111,29 +125,27 @@ def per_run(table: pd.DataFrame, metric: Callable[[pd.DataFrame], float]) -> pd.
     return table.groupby("run_id").apply(metric)
 
 
-def training_window(samples: pd.DataFrame, iterations: pd.DataFrame) -> pd.DataFrame:
-    """The samples (a time_s column) from the workers' first iteration start to their last end:
-    the host apps' start-up (imports, connections) keeps the CPU busy but is not the emulation."""
+def training_window_s(iterations: pd.DataFrame) -> tuple[float, float]:
+    """From the workers' first iteration start to their last end: the host apps' start-up (imports,
+    connections) keeps the CPU busy but is not the emulation."""
     workers = iterations[iterations["role"] == "worker"]
-    return samples[(samples["time_s"] >= workers["start_s"].min()) & (samples["time_s"] <= workers["end_s"].max())]
+    return float(workers["start_s"].min()), float(workers["end_s"].max())
 
 
-def run_metrics(iterations: pd.DataFrame, tensors: pd.DataFrame, summaries: pd.DataFrame,
-                cpu: pd.DataFrame, *, mode: str, workers: int, servers: int, batch: int,
-                host_bw_mbps: float, target_accuracy: float) -> dict[str, float | bool]:
-    """The metric columns of one run's runs.csv row, all but speedup_vs_baseline.
+def run_metrics(iterations: pd.DataFrame, tensors: pd.DataFrame, summaries: pd.DataFrame, *,
+                mode: str, workers: int, servers: int, batch: int, host_bw_mbps: float,
+                target_accuracy: float, mtu: int, transport: str) -> dict[str, float]:
+    """The performance columns of one run's runs.csv row (not speedup_vs_baseline, not the guard's).
 
     iterations/tensors: the run's rows of the combined CSVs; summaries: one row per host-app
-    process with role and the summary.json fields; cpu: cpu.csv (only its samples during training
-    count). batch is the global batch.
+    process with role and the summary.json fields. batch is the global batch.
     """
     iter_times = iteration_times_s(iterations)
     iter_mean = float(iter_times.mean()) if len(iter_times) else math.nan
     compute = float(_steady(iterations)["compute_s"].mean())
     worker_summaries = summaries[summaries["role"] == "worker"]
     model_bytes = float(worker_summaries["bytes_per_iteration"].iloc[0]) if len(worker_summaries) else math.nan
-    comm_bound = comm_lower_bound_s(mode, model_bytes, host_bw_mbps, workers, servers)
-    cpu_mean = float(training_window(cpu, iterations)["cpu_util"].mean())
+    comm_bound = comm_lower_bound_s(mode, model_bytes, host_bw_mbps, workers, servers, mtu, transport)
     return {
         "iter_time_mean_s": iter_mean,
         "iter_time_p50_s": float(iter_times.quantile(0.5)) if len(iter_times) else math.nan,
@@ -144,8 +156,6 @@ def run_metrics(iterations: pd.DataFrame, tensors: pd.DataFrame, summaries: pd.D
         "bytes_sent": float(iterations["bytes_sent"].sum()),
         "lower_bound_s": float(np.fmax(comm_bound, compute)),
         "tictac_efficiency": tictac_efficiency(comm_time_s(tensors), compute, iter_mean),
-        "cpu_util_mean": cpu_mean,
-        "fidelity_ok": pd.NA if math.isnan(cpu_mean) else bool(cpu_mean <= FIDELITY_CPU_LIMIT),
     }
 
 
@@ -205,12 +215,16 @@ LINK_COLUMNS = [
     "time_s", "interval_s", "switch", "port", "peer", "tier", "rate_mbps",
     "tx_bytes", "rx_bytes", "tx_pkts", "rx_pkts", "tx_mbps", "rx_mbps",
     "tx_util_frac", "rx_util_frac", "tx_dropped_pkts", "rx_dropped_pkts",
+    "queue_drops_pkts", "socket_drops_pkts",
 ]
 
 
-def link_utilization(ports: pd.DataFrame, port_rates: pd.DataFrame) -> pd.DataFrame:
+def link_utilization(ports: pd.DataFrame, port_rates: pd.DataFrame, queues: pd.DataFrame,
+                     sockets: pd.DataFrame) -> pd.DataFrame:
     """links.csv rows of one run: per port and sampling interval, the bytes, rates,
-    utilization (of the port's configured rate) and drops from cumulative port counters.
+    utilization (of the port's configured rate) and drops from cumulative port counters
+    (ports.csv, the controller's), and what the port's class queues and its OVS socket dropped
+    (queues.csv, sockets.csv: the runner's samples).
 
     Ports without a configured rate (the switch's LOCAL port, say) are left out, and so are
     intervals whose counters went backwards (a switch reconnected and reset them).
@@ -231,7 +245,27 @@ def link_utilization(ports: pd.DataFrame, port_rates: pd.DataFrame) -> pd.DataFr
     for direction in ("tx", "rx"):
         links[f"{direction}_mbps"] = links[f"{direction}_bytes"] * 8 / links["interval_s"] / 1e6
         links[f"{direction}_util_frac"] = links[f"{direction}_mbps"] / links["rate_mbps"]
+    queue_drops = queues.groupby(["switch", "port", "time_s"], as_index=False)["dropped_pkts"].sum()
+    links["queue_drops_pkts"] = _counter_deltas(links, queue_drops, "dropped_pkts")
+    links["socket_drops_pkts"] = _counter_deltas(links, sockets, "socket_drops")
     return links[LINK_COLUMNS].reset_index(drop=True)
+
+
+def _counter_deltas(links: pd.DataFrame, samples: pd.DataFrame, counter: str) -> pd.Series:
+    """Per links row, how much a cumulative per-port counter sampled at other times grew over the
+    row's interval (the last sample at or before each end); NaN before the first sample."""
+    if samples.empty or links.empty:
+        return pd.Series(math.nan, index=links.index)
+    samples = samples.astype({"switch": str, "port": str, "time_s": float}).sort_values("time_s")[
+        ["time_s", "switch", "port", counter]]
+
+    def value_at(times: pd.Series) -> pd.Series:
+        at = links[["switch", "port"]].assign(time_s=times.to_numpy(dtype=float), row=range(len(links)))
+        found = pd.merge_asof(at.sort_values("time_s"), samples, on="time_s", by=["switch", "port"])
+        return found.sort_values("row")[counter].to_numpy()
+
+    return pd.Series(value_at(links["time_s"]) - value_at(links["time_s"] - links["interval_s"]),
+                     index=links.index)
 
 
 def fabric_link_utilization(links: pd.DataFrame) -> pd.Series:

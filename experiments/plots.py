@@ -38,17 +38,26 @@ def _save(figure: plt.Figure, path: Path) -> Path:
 
 
 def iteration_time(tables: dict[str, pd.DataFrame], path: Path) -> Path | None:
-    """Mean iteration time per scheme, error bars over repetitions, lower bound as a bar."""
+    """Mean iteration time per scheme, error bars over repetitions, lower bound as a bar; a scheme
+    with runs that failed the fidelity guard is drawn hatched and says how many."""
     runs = tables["runs"].dropna(subset=["iter_time_mean_s"])
     if runs.empty:
         return None
+    runs = runs.assign(guard_failed=runs["fidelity_ok"].eq(False))
     figure, panels = _panels(runs)
     for ax, mode_runs in panels:
         stats = mode_runs.groupby("scheme", sort=False).agg(
-            mean=("iter_time_mean_s", "mean"), std=("iter_time_mean_s", "std"), bound=("lower_bound_s", "mean"))
+            mean=("iter_time_mean_s", "mean"), std=("iter_time_mean_s", "std"), bound=("lower_bound_s", "mean"),
+            failed=("guard_failed", "sum"), runs=("guard_failed", "size"))
         positions = np.arange(len(stats))
-        ax.bar(positions, stats["mean"], yerr=stats["std"].fillna(0), capsize=4, color="tab:blue",
-               label="measured")
+        bars = ax.bar(positions, stats["mean"], yerr=stats["std"].fillna(0), capsize=4, color="tab:blue",
+                      label="measured")
+        for bar, failed, total in zip(bars, stats["failed"], stats["runs"]):
+            if failed:
+                bar.set_hatch("//")
+                bar.set_facecolor("tab:gray")
+                ax.annotate(f"guard failed {failed}/{total}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                            textcoords="offset points", xytext=(0, 14), ha="center", fontsize=7, color="tab:red")
         ax.hlines(stats["bound"], positions - 0.4, positions + 0.4, colors="black", linewidth=2,
                   label="lower bound")
         ax.set_xticks(positions, stats.index, rotation=20, ha="right")

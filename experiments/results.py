@@ -5,9 +5,11 @@ aggregated from them.
     OUT/meta.json                  git revision, tool versions, kernel, CPU, seed
     OUT/runs.csv                   one row per run (columns: runs_columns)
     OUT/iterations.csv, tensors.csv, links.csv   every run's rows, run_id first
+    OUT/queues.csv                 per run, switch port and class: packets sent and dropped
     OUT/summary.md, OUT/plots/*.png
     OUT/runs/<run_id>/run.json     the run's config, start/end, status (write_run_record)
-    OUT/runs/<run_id>/ports.csv, port_rates.csv, cpu.csv          controller and runner
+    OUT/runs/<run_id>/ports.csv, port_rates.csv                   controller and runner
+    OUT/runs/<run_id>/cpu.csv, queues.csv, drain.csv, sockets.csv, ovs.json   runner (sampler.py)
     OUT/runs/<run_id>/<host>-<role><rank>/iterations.csv, tensors.csv, summary.json  host apps
         (and model.npz, trace.json; stdout.log, stderr.log: the process's output)
     OUT/runs/<run_id>/flow<i>-<src>-<dst>.log     iperf3 output of background flows
@@ -30,9 +32,14 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from experiments import metrics
+from experiments import fidelity, metrics
+from experiments.sampler import CPU_COLUMNS, DRAIN_COLUMNS, QUEUE_COLUMNS, SOCKET_COLUMNS
 from experiments.spec import CONFIG_COLUMNS, Run, Spec, get_field, parse_spec, scheme_of
 from hostapps import records
+from topologies.machine import (ALLOWED_TCP_CC, SOCKET_BUFFERS, read_sysctl,
+                                transmit_buffer_bytes)
+
+MACHINE_SYSCTLS = [*SOCKET_BUFFERS, ALLOWED_TCP_CC, "net/ipv4/tcp_congestion_control"]
 
 # Inputs written per host-app process, per run by the controller and the runner.
 # The host apps' CSV contracts (hostapps/records.py), as lists for pandas.
@@ -43,7 +50,8 @@ SUMMARY_FIELDS = ["final_accuracy", "iterations", "bytes_per_iteration", "param_
 PORT_COLUMNS = ["time_s", "switch", "port", "tx_bytes", "rx_bytes", "tx_packets", "rx_packets",
                 "tx_dropped", "rx_dropped"]
 PORT_RATE_COLUMNS = ["switch", "port", "peer", "rate_mbps", "tier"]
-CPU_COLUMNS = ["time_s", "cpu_util"]
+# OUT/queues.csv columns (after run_id): per switch port and class, over the run.
+QUEUE_TOTAL_COLUMNS = ["switch", "port", "cs", "sent_pkts", "dropped_pkts"]
 
 PROCESS_DIR = re.compile(r"(?P<host>.+)-(?P<role>worker|server)(?P<rank>\d+)")
 RUN_STATUSES = ("ok", "failed")
@@ -128,7 +136,19 @@ def environment(spec: Spec) -> dict[str, Any]:
         "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "seed": spec.base.job.seed,
+        # The machine-wide settings the emulation depends on (topologies/machine.py raises them
+        # before the first fabric) and the buffer OVS transmits with; each host's TCP congestion
+        # control is its run's topology.tcp_cc.
+        "sysctls": {name.replace("/", "."): _sysctl(name) for name in MACHINE_SYSCTLS},
+        "ovs_transmit_buffer_bytes": transmit_buffer_bytes(),
     }
+
+
+def _sysctl(name: str) -> str | None:
+    try:
+        return read_sysctl(name)
+    except OSError:
+        return None
 
 
 def write_run_record(out_dir: str | Path, run: Run, status: str, start_s: float, end_s: float,
@@ -188,16 +208,22 @@ def read_run(out_dir: str | Path, run_id: str) -> dict[str, pd.DataFrame]:
         if summary_path.exists():
             fields = json.loads(summary_path.read_text())
             summaries.append({"host": match["host"], "role": match["role"], "rank": int(match["rank"]),
-                              **{name: fields.get(name, math.nan) for name in SUMMARY_FIELDS}})
+                              **{name: fields.get(name, math.nan) for name in SUMMARY_FIELDS},
+                              "lag_ms_p99": fields.get("timing", {}).get("lag_ms_p99", math.nan)})
+    ovs_path = path / "ovs.json"
     return {
         "iterations": _concat([_read_csv(p / "iterations.csv", ITERATION_COLUMNS) for p, _ in processes],
                               ITERATION_COLUMNS),
         "tensors": _concat([_read_csv(p / "tensors.csv", TENSOR_COLUMNS) for p, _ in processes],
                            TENSOR_COLUMNS),
-        "summaries": pd.DataFrame(summaries, columns=["host", "role", "rank", *SUMMARY_FIELDS]),
+        "summaries": pd.DataFrame(summaries, columns=["host", "role", "rank", *SUMMARY_FIELDS, "lag_ms_p99"]),
         "ports": _read_csv(path / "ports.csv", PORT_COLUMNS),
         "port_rates": _read_csv(path / "port_rates.csv", PORT_RATE_COLUMNS),
         "cpu": _read_csv(path / "cpu.csv", CPU_COLUMNS),
+        "queues": _read_csv(path / "queues.csv", QUEUE_COLUMNS),
+        "drains": _read_csv(path / "drain.csv", DRAIN_COLUMNS),
+        "sockets": _read_csv(path / "sockets.csv", SOCKET_COLUMNS),
+        "ovs": json.loads(ovs_path.read_text()) if ovs_path.exists() else {},
     }
 
 
@@ -210,11 +236,17 @@ def _run_row(run: Run, status: str, records: dict[str, pd.DataFrame]) -> dict[st
            "workers": len(config.worker_hosts)}
     if status != "ok":
         return row  # a failed run's partial records would give misleading metrics
+    iterations = records["iterations"]
     row.update(metrics.run_metrics(
-        records["iterations"], records["tensors"], records["summaries"], records["cpu"],
+        iterations, records["tensors"], records["summaries"],
         mode=config.job.mode, workers=len(config.worker_hosts), servers=len(config.server_hosts),
         batch=config.job.batch, host_bw_mbps=config.topology.host_bw,
-        target_accuracy=config.job.target_accuracy))
+        target_accuracy=config.job.target_accuracy, mtu=config.topology.mtu,
+        transport=config.job.transport))
+    start_s, end_s = metrics.training_window_s(iterations)
+    row.update(fidelity.judge(records["cpu"], records["queues"], records["drains"], records["sockets"],
+                              records["ovs"], records["port_rates"],
+                              list(records["summaries"]["lag_ms_p99"].dropna()), start_s, end_s))
     return row
 
 
@@ -228,7 +260,7 @@ def aggregate(out_dir: str | Path) -> pd.DataFrame:
     out = Path(out_dir)
     spec = parse_spec(yaml.safe_load((out / "spec.yaml").read_text()))
     axes = [axis.name for axis in spec.axes]
-    rows, iterations, tensors, links = [], [], [], []
+    rows, iterations, tensors, links, queues = [], [], [], [], []
     for run in spec.runs:
         record = read_run_record(out, run.run_id)
         if record is None:
@@ -237,15 +269,19 @@ def aggregate(out_dir: str | Path) -> pd.DataFrame:
         rows.append(_run_row(run, record["status"], records))
         iterations.append(_with_run_id(records["iterations"], run.run_id))
         tensors.append(_with_run_id(records["tensors"], run.run_id))
-        run_links = metrics.link_utilization(records["ports"], records["port_rates"])
+        run_links = metrics.link_utilization(records["ports"], records["port_rates"], records["queues"],
+                                             records["sockets"])
         links.append(_with_run_id(run_links, run.run_id))
+        queue_totals = fidelity.run_deltas(records["queues"], ["switch", "port", "cs"], ["sent_pkts", "dropped_pkts"])
+        queues.append(_with_run_id(queue_totals[QUEUE_TOTAL_COLUMNS], run.run_id))
     runs = pd.DataFrame(rows, columns=runs_columns(axes))
     baseline_axis, baseline_label = spec.baseline or (None, None)
     runs["speedup_vs_baseline"] = metrics.speedup_vs_baseline(runs, axes, baseline_axis, baseline_label)
     runs.to_csv(out / "runs.csv", index=False)
     for name, frames, columns in (("iterations", iterations, ITERATION_COLUMNS),
                                   ("tensors", tensors, TENSOR_COLUMNS),
-                                  ("links", links, metrics.LINK_COLUMNS)):
+                                  ("links", links, metrics.LINK_COLUMNS),
+                                  ("queues", queues, QUEUE_TOTAL_COLUMNS)):
         _concat(frames, ["run_id", *columns]).to_csv(out / f"{name}.csv", index=False)
     return runs
 
@@ -258,6 +294,6 @@ def read_tables(out_dir: str | Path) -> dict[str, pd.DataFrame]:
     runs["scheme"] = runs["run_id"].map(scheme_of)
     labels = runs[["run_id", "mode", "scheme"]]
     tables = {"runs": runs}
-    for name in ("iterations", "tensors", "links"):
+    for name in ("iterations", "tensors", "links", "queues"):
         tables[name] = pd.read_csv(out / f"{name}.csv").merge(labels, on="run_id")
     return tables

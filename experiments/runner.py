@@ -16,14 +16,13 @@ runner started and keeps the finished runs for --resume.
 """
 from __future__ import annotations
 
-import csv
 import itertools
 import os
+import secrets
 import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,14 +33,17 @@ from mininet.log import setLogLevel
 from experiments import plots, summary
 from experiments.disturbances import Schedule, disturbances_of
 from experiments.progress import Progress
-from experiments.results import (CPU_COLUMNS, PORT_COLUMNS, PORT_RATE_COLUMNS, aggregate,
-                                 completed_run_ids, process_dir, read_run_record, run_dir,
-                                 start_output, write_run_record)
+from experiments.results import (PORT_COLUMNS, PORT_RATE_COLUMNS, aggregate, completed_run_ids,
+                                 process_dir, read_run_record, run_dir, start_output,
+                                 write_run_record)
+from experiments.sampler import FabricSampler
 from experiments.spec import BEST_SEND_ORDER, Run, Spec, Topology
 from hostapps.config import RunConfig as HostAppConfig
 from hostapps.config import build_model
+from hostapps.mlt import payload_for_mtu
 from topologies.cleanup import REPO
-from topologies.fabric import Fabric, FabricError, kill_group, ensure_ovs
+from topologies.fabric import Fabric, FabricError, kill_group
+from topologies.machine import MachineError, prepare
 
 WORKER_PORT = 7000
 SERVER_PORT = 7100
@@ -64,10 +66,14 @@ def run_experiment(spec: Spec, out_dir: Path, resume: bool) -> int:
     if os.geteuid() != 0:
         sys.exit("run: the runner needs root (Mininet, Open vSwitch): run it with sudo")
     try:
+        for tcp_cc in sorted({run.topology.tcp_cc for run in spec.runs}):
+            prepare(tcp_cc)  # before meta.json records the machine's settings
+    except MachineError as error:
+        sys.exit(f"run: {error}")
+    try:
         out = start_output(out_dir, spec, resume)
     except ValueError as error:
         sys.exit(f"run: {error}")
-    ensure_ovs()
     setLogLevel("warning")  # Mininet's pingall and start-up chatter would break the progress bars
     finished = completed_run_ids(out) if resume else set()
     signal.signal(signal.SIGTERM, _interrupt)
@@ -98,10 +104,11 @@ def _fabric_key(run: Run) -> tuple:
 
 
 def _topo_params(topology: Topology) -> dict:
+    common = {"mtu": topology.mtu, "tcp_cc": topology.tcp_cc}
     if topology.kind == "fattree":
-        return {"k": topology.k, "bw": topology.host_bw}
+        return {"k": topology.k, "bw": topology.host_bw, **common}
     return {"spines": topology.spines, "leaves": topology.leaves, "hosts": topology.hosts_per_leaf,
-            "host_bw": topology.host_bw, "fabric_bw": topology.fabric_bw}
+            "host_bw": topology.host_bw, "fabric_bw": topology.fabric_bw, **common}
 
 
 def run_on_fabric(out: Path, runs: list[Run], progress: Progress) -> None:
@@ -134,6 +141,12 @@ def run_on_fabric(out: Path, runs: list[Run], progress: Progress) -> None:
                 progress.end_run("failed")
 
 
+def switch_ports(fab: Fabric) -> dict[str, tuple[str, int]]:
+    """Every switch port's interface name -> (switch, OpenFlow port number)."""
+    return {intf.name: (switch.name, switch.ports[intf]) for switch in fab.net.switches
+            for intf in switch.intfList() if intf.name != "lo"}
+
+
 def port_rates(fab: Fabric) -> pd.DataFrame:
     """port_rates.csv rows: every switch port with its peer, configured rate and tier."""
     switches = {switch.name for switch in fab.net.switches}
@@ -158,10 +171,11 @@ def run_once(fab: Fabric, out: Path, run: Run, rates: pd.DataFrame, stats_csv: P
     processes: list[JobProcess] = []
     start_s = time.time()
     job_id = f"run{run.index}"
+    job_number = secrets.randbits(31)  # in every host-app frame: a stray datagram of another run is not ours
     try:
-        with CpuSampler(path / "cpu.csv"):
+        with FabricSampler(path, switch_ports(fab)):
             layer_dscp = register_job(fab, run, job_id)
-            processes = launch_job(fab, out, run, layer_dscp)
+            processes = launch_job(fab, out, run, layer_dscp, job_number)
             schedule.start()
             error = wait_job(processes, progress)
     finally:
@@ -224,7 +238,8 @@ def register_job(fab: Fabric, run: Run, job_id: str) -> dict[int, int]:
     return {layer["index"]: layer["dscp"] for layer in job["layers"]}
 
 
-def launch_job(fab: Fabric, out: Path, run: Run, layer_dscp: dict[int, int]) -> list[JobProcess]:
+def launch_job(fab: Fabric, out: Path, run: Run, layer_dscp: dict[int, int],
+               job_number: int) -> list[JobProcess]:
     """The job's host apps, parameter-server shards first so the workers find them listening."""
     config, job = run.config, run.job
     ip = host_ips(fab, run)
@@ -239,6 +254,7 @@ def launch_job(fab: Fabric, out: Path, run: Run, layer_dscp: dict[int, int]) -> 
               *model_args, "--iterations", str(job.iterations), "--batch", str(job.batch),
               "--lr", str(job.lr), "--seed", str(job.seed), "--transport", job.transport,
               "--timeout", str(PEER_TIMEOUT_S), "--eval-every", str(job.eval_every),
+              "--job", str(job_number), "--mtu-payload", str(payload_for_mtu(config.topology.mtu)),
               "--loss-bound", str(job.loss_bound), "--fusion", job.fusion,
               "--partition-bytes", str(job.partition_bytes),
               "--policy", BEST_SEND_ORDER[job.mode] if job.policy == "best" else job.policy,
@@ -298,40 +314,3 @@ def write_port_slice(stats_csv: Path, path: Path, start_s: float, end_s: float,
     first = before.max() if len(before) else start_s
     last = after.min() if len(after) else end_s
     ports[(ports["time_s"] >= first) & (ports["time_s"] <= last)][PORT_COLUMNS].to_csv(path, index=False)
-
-
-class CpuSampler:
-    """cpu.csv: the whole machine's CPU utilization (0..1) from /proc/stat every CPU_SAMPLE_S."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
-
-    def __enter__(self) -> CpuSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    @staticmethod
-    def _times() -> tuple[int, int]:
-        """(busy, total) jiffies since boot, over all CPUs."""
-        fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        idle = fields[3] + fields[4]  # idle + iowait
-        total = sum(fields[:8])  # user..steal; guest time is already in user
-        return total - idle, total
-
-    def _run(self) -> None:
-        with open(self.path, "w", newline="") as file:
-            writer = csv.writer(file)
-            writer.writerow(CPU_COLUMNS)
-            busy, total = self._times()
-            while not self._stop.wait(CPU_SAMPLE_S):
-                now_busy, now_total = self._times()
-                if now_total > total:
-                    writer.writerow([f"{time.time():.3f}", f"{(now_busy - busy) / (now_total - total):.4f}"])
-                    file.flush()
-                busy, total = now_busy, now_total

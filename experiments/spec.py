@@ -21,6 +21,7 @@ import copy
 import dataclasses
 import difflib
 import itertools
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,9 @@ from typing import Any, Callable, Literal, Union, get_args, get_origin, get_type
 import yaml
 
 from experiments.metrics import METRIC_COLUMNS
+from hostapps.mlt import payload_for_mtu
+from topologies.machine import DEFAULT_TCP_CC, available_tcp_cc
+from topologies.shaping import DEFAULT_MTU, MAX_MTU, MIN_MTU
 
 # Choices that grow with the testbed: controller scheduling policies (controller/scheduling.py),
 # transports (hostapps), host send-order policies (hostapps/policies.py).
@@ -109,6 +113,11 @@ class Topology:
     k: int = spec_field(4, "an even integer >= 2 (fattree only)", lambda n: n >= 2 and n % 2 == 0)
     host_bw: float = spec_field(100.0, "a rate in Mbit/s > 0", lambda x: x > 0)
     fabric_bw: float = spec_field(100.0, "a rate in Mbit/s > 0", lambda x: x > 0)
+    mtu: int = spec_field(DEFAULT_MTU, f"an integer {MIN_MTU}..{MAX_MTU} (bytes, every interface of the fabric)",
+                          lambda n: MIN_MTU <= n <= MAX_MTU)
+    tcp_cc: str = spec_field(DEFAULT_TCP_CC, "a TCP congestion control this kernel offers ("
+                             + ", ".join(available_tcp_cc()) + "), set in every host",
+                             lambda name: name in available_tcp_cc())
 
 
 @dataclass(frozen=True)
@@ -368,6 +377,7 @@ def check_config(config: RunConfig) -> None:
                           "needs the loss-tolerant transport: job.transport: mlt)")
     if job.drop_marking and job.loss_bound == 0:
         raise not_allowed("job.drop_marking", True, "false unless job.loss_bound > 0 with transport mlt")
+    check_loss_bound_granularity(config)
     wrong_mode = PS_SEND_ORDERS if job.mode == "allreduce" else ALLREDUCE_SEND_ORDERS
     if job.policy in wrong_mode:
         right = ALLREDUCE_SEND_ORDERS if job.mode == "allreduce" else PS_SEND_ORDERS
@@ -399,6 +409,26 @@ def check_config(config: RunConfig) -> None:
             if not given and fault.kind == kind:
                 allowed = next(f for f in dataclasses.fields(Fault) if f.name == name).metadata["allowed"]
                 raise SpecError(f"{path}.{name}", f"missing ({allowed})")
+
+
+def check_loss_bound_granularity(config: RunConfig) -> None:
+    """A loss bound spares whole datagrams: a message of fewer than 1/bound of them can lose none.
+    The messages a spec sizes (PS slices, all-reduce partitions) must hold enough at its MTU."""
+    job = config.job
+    if job.transport != "mlt" or job.loss_bound == 0:
+        return
+    payload = payload_for_mtu(config.topology.mtu)
+    least = math.ceil(payload / job.loss_bound)
+    sized = []
+    if job.mode == "ps" and job.ps_slice_bytes:
+        sized.append("ps_slice_bytes")
+    if job.mode == "allreduce" and job.policy in ("best", *ALLREDUCE_SEND_ORDERS):
+        sized.append("partition_bytes")
+    for name in sized:
+        if getattr(job, name) < least:
+            raise not_allowed(f"job.{name}", getattr(job, name), f"at least {least} bytes with loss_bound "
+                              f"{job.loss_bound:g} at MTU {config.topology.mtu}: {math.ceil(1 / job.loss_bound)} "
+                              f"datagrams of {payload} bytes, so the bound can spare one")
 
 
 def get_field(config: Any, dotted: str) -> Any:

@@ -63,6 +63,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from hostapps import codec
+from hostapps.timing import sleep_for
 from hostapps.transport import (Address, Mailbox, MessageKey, Peer, TensorLog, Transport, TransportError,
                                 describe_key, format_address)
 
@@ -81,6 +82,7 @@ SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)  # Linux; Python does not
 DECREASE_INTERVAL_S = 0.05     # about an RTT under load: one back-off per congestion episode
 COMPLETED_MEMORY = 4096        # completed messages remembered to re-ACK late duplicates
 FRAME_OVERHEAD = 42            # UDP + IPv4 + Ethernet headers: what the links' HTB shapers count
+IP_UDP_HEADER_BYTES = 28
 
 # A test hook: called with each data frame about to be sent; True drops it.
 DropFunction = Callable[[codec.Frame], bool]
@@ -111,6 +113,12 @@ class MltStats:
     nack_max_delivered: float = 0.0  # highest delivered fraction of a message that was NACKed
     duplicates: int = 0              # fragments that arrived again: retransmissions that were not needed
     ignored: int = 0                 # malformed or foreign datagrams
+
+
+def payload_for_mtu(mtu: int) -> int:
+    """The largest payload (a multiple of 4: whole floats) whose datagram crosses a path of this MTU
+    unfragmented."""
+    return (mtu - IP_UDP_HEADER_BYTES - codec.DATAGRAM_HEADER_BYTES) // 4 * 4
 
 
 def allowed_missing_bytes(total: int, loss_bound: float) -> int:
@@ -445,7 +453,7 @@ class MltTransport(Transport):
             wire_bytes, now = length + codec.DATAGRAM_HEADER_BYTES + FRAME_OVERHEAD, time.monotonic()
             delay = max(rate.reserve(wire_bytes, now), self._nic.reserve(wire_bytes, now))
             if delay > PACING_MIN_SLEEP_S:
-                time.sleep(delay)
+                sleep_for(delay)
             if self._stopped.is_set():
                 raise TransportError("%s: transport closed while sending %s" % (self.me, describe_key(key)))
             if self._drop is not None and self._drop(frame):

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from hostapps.model import BeforeLayer, FlatModel
+from hostapps.timing import sleep_for
 
 REFERENCE_LINK_GBPS = 10.0
 # Value every emulated gradient element carries; any finite constant exercises the pipeline.
@@ -170,7 +171,7 @@ class ProfileModel(FlatModel):
         now = time.monotonic()
         self._clock = max(self._clock, now) + seconds
         if self._clock > now:
-            time.sleep(self._clock - now)
+            sleep_for(self._clock - now)
 
     def forward(self, batch: object, before_layer: BeforeLayer) -> None:
         self._clock = time.monotonic()

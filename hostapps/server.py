@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 
+from hostapps import timing
 from hostapps.collectives import PS_PULL, PS_PUSH, assign_shards, float_parts, ps_key
 from hostapps.config import RunConfig, build_model
 from hostapps.model import FlatModel, Sgd
@@ -115,7 +116,8 @@ def run_server(cfg: RunConfig) -> dict:
     summary = dict(role="server", rank=cfg.rank, mode=cfg.mode, model=cfg.profile or cfg.model,
                    final_accuracy=None, iterations=cfg.iterations, param_count=int(model.params.size),
                    bytes_per_iteration=int(model.params.nbytes), shard_tensors=shard.tensors,
-                   transport=transport.counters(), wall_time_s=time.time() - wall_start)
+                   transport=transport.counters(), timing=timing.summary(),
+                   wall_time_s=time.time() - wall_start)
     if cfg.out:
         recorder.write(cfg.out, model.layer_tensor_names(), summary)
     return {**summary, "model": model, "recorder": recorder}

@@ -12,6 +12,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
+from hostapps import timing
 from hostapps.collectives import (PS_PULL, PS_PUSH, Segment, assign_shards, chunk_bounds, float_parts,
                                   make_buckets, max_segments, pipelined_ring_allreduce, ps_key, ring_min,
                                   ring_neighbours, ring_step_count, split_bytes)
@@ -278,6 +279,7 @@ def run_worker(cfg: RunConfig, on_iteration: Callable[[int], None] | None = None
     summary = dict(role="worker", rank=cfg.rank, mode=cfg.mode, model=cfg.profile or cfg.model,
                    final_accuracy=accuracy, iterations=cfg.iterations, param_count=int(model.params.size),
                    bytes_per_iteration=int(model.params.nbytes), transport=transport.counters(),
+                   timing=timing.summary(),
                    wall_time_s=time.time() - wall_start)
     if cfg.out:
         recorder.write(cfg.out, sync.tensor_names(), summary)

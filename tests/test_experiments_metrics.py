@@ -20,16 +20,31 @@ MB = 1_000_000  # bytes; 100 Mbit/s carries 12.5 MB/s, so one MB takes 0.08 s
     ("ps", 2, 4, 0.08),                      # shards are idle: the worker's own link binds
 ])
 def test_comm_lower_bound_matches_hand_values(mode, workers, servers, expected_s):
-    assert metrics.comm_lower_bound_s(mode, MB, 100, workers, servers) == pytest.approx(expected_s)
+    # TCP at MTU 9000: a 9014-byte frame carries 8948 bytes of payload
+    bound = metrics.comm_lower_bound_s(mode, MB, 100, workers, servers, 9000, "tcp")
+    assert bound == pytest.approx(expected_s * 9014 / 8948)
 
 
 def test_comm_lower_bound_scales_inversely_with_rate():
-    assert metrics.comm_lower_bound_s("ps", MB, 1000, 3, 1) == pytest.approx(0.024)
+    assert metrics.comm_lower_bound_s("ps", MB, 1000, 3, 1, 9000, "tcp") == pytest.approx(0.024 * 9014 / 8948)
 
 
-def test_comm_lower_bound_rejects_unknown_mode():
+@pytest.mark.parametrize("mtu, transport, frame, payload", [
+    (9000, "tcp", 9014, 8948), (1500, "tcp", 1514, 1448),
+    # mlt: payload_for_mtu, plus its 61-byte header, UDP/IP 28 and Ethernet 14
+    (9000, "mlt", 8908 + 61 + 28 + 14, 8908), (1500, "mlt", 1408 + 103, 1408),
+])
+def test_framing_follows_the_mtu(mtu, transport, frame, payload):
+    assert metrics.wire_bytes_per_payload_byte(mtu, transport) == pytest.approx(frame / payload)
+    assert metrics.comm_lower_bound_s("allreduce", MB, 100, 2, 0, mtu, transport) == \
+        pytest.approx(0.08 * frame / payload)
+
+
+def test_comm_lower_bound_rejects_unknown_mode_and_transport():
     with pytest.raises(ValueError, match="mode: 'ring' is not allowed"):
-        metrics.comm_lower_bound_s("ring", MB, 100, 2, 1)
+        metrics.comm_lower_bound_s("ring", MB, 100, 2, 1, 9000, "tcp")
+    with pytest.raises(ValueError, match="transport: 'quic' is not allowed"):
+        metrics.comm_lower_bound_s("ps", MB, 100, 2, 1, 9000, "quic")
 
 
 @pytest.mark.parametrize("comm,comp,iteration,expected", [
@@ -149,7 +164,14 @@ def test_link_utilization_from_cumulative_counters():
         (0.0, "leaf1", 4294967294, 0, 0, 0, 0, 0, 0),                 # LOCAL: no rate, dropped
         (1.0, "leaf1", 4294967294, 99, 0, 0, 0, 0, 0),
     ])
-    links = metrics.link_utilization(ports, PORT_RATES)
+    # the runner's samples at other times: class queue drops (summed over classes) and socket drops
+    queues = pd.DataFrame([
+        (0.5, "leaf1", 3, 0, 4), (0.5, "leaf1", 3, 1, 1), (2.0, "leaf1", 3, 0, 9), (2.0, "leaf1", 3, 1, 1),
+        (3.0, "leaf1", 3, 0, 12), (3.0, "leaf1", 3, 1, 3),
+    ], columns=["time_s", "switch", "port", "cs", "dropped_pkts"])
+    sockets = pd.DataFrame([(0.0, "leaf1", 3, 7), (3.0, "leaf1", 3, 8), (0.0, "leaf1", 1, 0)],
+                           columns=["time_s", "switch", "port", "socket_drops"])
+    links = metrics.link_utilization(ports, PORT_RATES, queues, sockets)
     assert list(links.columns) == metrics.LINK_COLUMNS
     fabric = links[links["port"] == "3"]
     assert fabric["interval_s"].tolist() == [1.0, 2.0]
@@ -157,6 +179,9 @@ def test_link_utilization_from_cumulative_counters():
     assert fabric["tx_util_frac"].tolist() == pytest.approx([0.5, 0.5])
     assert fabric["rx_util_frac"].tolist() == pytest.approx([0.1, 0.0])
     assert fabric["tx_dropped_pkts"].tolist() == [2, 0] and fabric["rx_dropped_pkts"].tolist() == [0, 1]
+    # (0, 1]: no sample at 0 s, so unknown; (1, 3]: 15 at 3 s minus 5 at 0.5 s
+    assert math.isnan(fabric["queue_drops_pkts"].iloc[0]) and fabric["queue_drops_pkts"].iloc[1] == 10
+    assert fabric["socket_drops_pkts"].tolist() == [0, 1]
     assert links[links["port"] == "1"]["tx_util_frac"].tolist() == pytest.approx([1.0])
     assert set(links["port"]) == {"1", "3"}
 

@@ -79,7 +79,8 @@ def write_host_records(out: Path, run: Run, t0: float) -> None:
 
 
 def write_network_records(out: Path, run: Run, t0: float) -> None:
-    """ports.csv (controller), port_rates.csv and cpu.csv (runner)."""
+    """ports.csv (controller), port_rates.csv, and the sampler's cpu.csv, queues.csv, sockets.csv and
+    ovs.json (runner)."""
     # Mbit/s per leaf1 uplink: ECMP hashes unevenly, spray evenly.
     uplinks = {"baseline": {3: 60.0, 4: 20.0}, "spray": {3: 40.0, 4: 40.0}}[run.axes["scheme"]]
     ports = []
@@ -96,7 +97,17 @@ def write_network_records(out: Path, run: Run, t0: float) -> None:
         {"switch": "leaf1", "port": 4, "peer": "spine2", "rate_mbps": 100, "tier": "fabric"},
         {"switch": "leaf1", "port": 1, "peer": "h1", "rate_mbps": 100, "tier": "host"}])
     cpu = 0.95 if run.run_id == SATURATED_RUN else 0.5
-    _write_csv(run_path / "cpu.csv", [{"time_s": t0 + s, "cpu_util": cpu} for s in range(3)])
+    _write_csv(run_path / "cpu.csv", [{"time_s": t0 + s, "cpu_util": cpu, "vswitchd_thread_util": 0.3}
+                                      for s in range(3)])
+    # leaf1's uplink 3 queues in CS0 (no backlog) and drops 2 packets of CS1 per second
+    _write_csv(run_path / "queues.csv", [
+        {"time_s": t0 + second, "switch": "leaf1", "port": 3, "cs": cs, "sent_bytes": 1_000_000 * second,
+         "sent_pkts": 1000 * second, "dropped_pkts": 2 * second if cs == 1 else 0, "backlog_bytes": 0}
+        for second in range(3) for cs in (0, 1)])
+    _write_csv(run_path / "sockets.csv", [{"time_s": t0 + second, "switch": "leaf1", "port": 3, "socket_drops": 0}
+                                          for second in range(3)])
+    (run_path / "ovs.json").write_text(json.dumps({"tx_errors_by_port": {}, "tx_errors_suppressed": 0,
+                                                   "datapath_drops": 0}))
 
 
 def make_results(out: Path) -> None:
@@ -129,7 +140,8 @@ def test_runs_csv_has_exactly_the_contract_columns(runs):
         "run_id", "scheme", "rep", "mode", "lb", "sched", "transport", "loss_bound", "workers", "iterations",
         "iter_time_mean_s", "iter_time_p50_s", "iter_time_p99_s", "samples_per_s", "final_accuracy",
         "time_to_accuracy_s", "bytes_sent", "lower_bound_s", "tictac_efficiency", "speedup_vs_baseline",
-        "cpu_util_mean", "fidelity_ok"]
+        "cpu_util_mean", "vswitchd_thread_util_mean", "link_rate_frac", "class_queue_drops_pkts",
+        "outside_queue_drops_pkts", "app_lag_ms_p99", "fidelity_ok", "fidelity_reason"]
     assert len(runs) == 8
 
 
@@ -146,6 +158,9 @@ def test_runs_csv_metrics_of_one_run(runs):
     assert run["tictac_efficiency"] == pytest.approx((0.6 - 0.5) / (0.6 - 0.3), rel=1e-4)
     assert run["speedup_vs_baseline"] == pytest.approx(0.525 / 0.5, rel=1e-5)
     assert run["cpu_util_mean"] == pytest.approx(0.5) and bool(run["fidelity_ok"]) is True
+    assert run["vswitchd_thread_util_mean"] == pytest.approx(0.3)
+    assert run["class_queue_drops_pkts"] == 4 and run["outside_queue_drops_pkts"] == 0
+    assert math.isnan(run["link_rate_frac"]), "no port was backlogged"
 
 
 def test_speedup_compares_within_the_same_mode(runs):
@@ -168,6 +183,14 @@ def test_failed_run_is_listed_without_metrics(runs):
 
 def test_saturated_run_fails_fidelity(runs):
     assert not runs.loc[SATURATED_RUN, "fidelity_ok"]
+    assert runs.loc[SATURATED_RUN, "fidelity_reason"] == "machine CPU 0.95 > 0.9"
+
+
+def test_queues_csv_totals_per_port_and_class(out):
+    queues = pd.read_csv(out / "queues.csv")
+    assert list(queues.columns) == ["run_id", *results.QUEUE_TOTAL_COLUMNS]
+    one = queues[queues["run_id"] == "scheme=baseline,mode=ps,rep=1"].set_index("cs")
+    assert one.loc[1, "dropped_pkts"] == 4 and one.loc[0, "sent_pkts"] == 2000
 
 
 @pytest.mark.parametrize("name,columns", [
@@ -248,11 +271,11 @@ def test_summary_has_a_table_per_mode_and_notes(out):
     assert baseline["p99 tensor (ms)"] == "150"
     assert baseline["uplink imbalance"] == "1.5"           # ECMP: 60 / mean(60, 20) Mbit/s
     assert baseline["delivered fraction"] == "1 (min 1)"
-    assert baseline["fidelity"] == "saturated 1/2"
+    assert baseline["fidelity"] == "failed 1/2"
     spray, spray_ps = _summary_rows(lines, "scheme=spray")
     assert spray_ps["fidelity"] == "ok" and spray_ps["uplink imbalance"] == "1"
     assert f"- {FAILED_RUN}: failed: worker h2 exited with 1" in lines
-    assert any(line.startswith(f"- {SATURATED_RUN}: host CPU saturated (mean 0.95 > 0.9)") for line in lines)
+    assert f"- {SATURATED_RUN}: failed the fidelity guard (machine CPU 0.95 > 0.9): its times measure the machine rather than the network" in lines
 
 
 def test_summary_compares_with_the_baseline_of_the_same_mode(out):

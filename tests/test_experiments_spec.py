@@ -22,7 +22,21 @@ MALFORMED = [
      "topology.k: 3 is not allowed (an even integer >= 2 (fattree only))"),
     ("topology: {host_bw: 0}", "topology.host_bw: 0 is not allowed (a rate in Mbit/s > 0)"),
     ("topology: 4", "topology: 4 is not allowed (a mapping with keys kind, spines, leaves, "
-                    "hosts_per_leaf, k, host_bw, fabric_bw)"),
+                    "hosts_per_leaf, k, host_bw, fabric_bw, mtu, tcp_cc)"),
+    ("topology: {mtu: 1279}", "topology.mtu: 1279 is not allowed (an integer 1280..9000 (bytes, every "
+                              "interface of the fabric))"),
+    ("topology: {mtu: 9001}", "topology.mtu: 9001 is not allowed (an integer 1280..9000 (bytes, every "
+                              "interface of the fabric))"),
+    ("topology: {mtu: 1500.5}", "topology.mtu: 1500.5 is not allowed (an integer 1280..9000 (bytes, every "
+                                "interface of the fabric))"),
+    ("topology: {tcp_cc: vegas}", "topology.tcp_cc: 'vegas' is not allowed (a TCP congestion control this "
+                                  "kernel offers (reno, bbr, cubic), set in every host)"),
+    ("job: {mode: ps, transport: mlt, loss_bound: 0.05, ps_slice_bytes: 65536}",
+     "job.ps_slice_bytes: 65536 is not allowed (at least 178160 bytes with loss_bound 0.05 at MTU 9000: "
+     "20 datagrams of 8908 bytes, so the bound can spare one)"),
+    ("{topology: {mtu: 1500}, job: {transport: mlt, loss_bound: 0.01, policy: caramel}}",
+     "job.partition_bytes: 65536 is not allowed (at least 140800 bytes with loss_bound 0.01 at MTU 1500: "
+     "100 datagrams of 1408 bytes, so the bound can spare one)"),
     ("controller: {lb: sprey}", "controller.lb: 'sprey' is not allowed (one of ecmp, spray, single)"),
     ("controller: {sched: p3}", "controller.sched: 'p3' is not allowed (one of fifo, layer, tictac, size)"),
     ("job: {mode: ring}", "job.mode: 'ring' is not allowed (one of allreduce, ps)"),

@@ -5,9 +5,9 @@ import re
 import pytest
 
 from topologies.leafspine import FatTreeTopo, LeafSpineTopo, TopologyError
-from topologies.nodes import DEFAULT_QUEUE_BYTES, FabricLink, OVSUserSwitch
-from topologies.shaping import (DROPPABLE_QUEUE_BYTES, class_id, class_queue_limits,
-                                 htb_priority_tree)
+from topologies.nodes import DEFAULT_QUEUE_BYTES, FabricHost, FabricLink, OVSUserSwitch
+from topologies.shaping import (DEFAULT_MTU, DROPPABLE_QUEUE_PACKETS, class_id,
+                                 class_queue_packets, htb_classes, htb_priority_tree)
 
 
 def ports_of(topo):
@@ -38,7 +38,7 @@ def check_common(topo, hosts: int):
         assert info["mac"] == f"00:00:00:00:{n >> 8:02x}:{n & 0xFF:02x}"
     for src, dst, info in topo.links(withInfo=True):
         assert info["cls"] is FabricLink
-        assert info["bw"] > 0 and info["queue_bytes"] >= 1514
+        assert info["bw"] > 0 and info["queue_bytes"] >= 9014 and info["mtu"] == DEFAULT_MTU == 9000
         assert topo.linkInfo(src, dst) == info
 
 
@@ -73,6 +73,16 @@ def test_leaf_spine_defaults_and_queue_bytes():
     assert len(topo.switches()) == 4 and len(topo.hosts()) == 4 and len(topo.links()) == 8
     assert {info["queue_bytes"] for _, _, info in topo.links(withInfo=True)} == {100_000}
     assert {info["bw"] for _, _, info in topo.links(withInfo=True)} == {100.0}
+
+
+@pytest.mark.parametrize("cls, params", [(LeafSpineTopo, {}), (FatTreeTopo, {"k": 2})])
+def test_mtu_and_tcp_cc_reach_every_link_and_host(cls, params):
+    assert {info["mtu"] for _, _, info in cls(**params).links(withInfo=True)} == {9000}
+    topo = cls(mtu=1500, tcp_cc="reno", **params)
+    assert {info["mtu"] for _, _, info in topo.links(withInfo=True)} == {1500}
+    for host in topo.hosts():
+        assert topo.nodeInfo(host)["cls"] is FabricHost
+        assert topo.nodeInfo(host)["tcp_cc"] == "reno"
 
 
 def test_addresses_past_255_hosts():
@@ -149,6 +159,13 @@ def test_fat_tree_sizes(k):
     (FatTreeTopo, {"bw": 0}, "bw"),
     (FatTreeTopo, {"bw": -1.5}, "bw"),
     (FatTreeTopo, {"queue_bytes": 0}, "queue_bytes"),
+    (LeafSpineTopo, {"mtu": 1279}, "mtu"),
+    (LeafSpineTopo, {"mtu": 9001}, "mtu"),
+    (LeafSpineTopo, {"mtu": 1500, "queue_bytes": 1513}, "queue_bytes"),
+    (LeafSpineTopo, {"queue_bytes": 9013}, "queue_bytes"),
+    (FatTreeTopo, {"mtu": "9000"}, "mtu"),
+    (LeafSpineTopo, {"tcp_cc": "vegas"}, "tcp_cc"),
+    (FatTreeTopo, {"tcp_cc": 1}, "tcp_cc"),
 ])
 def test_bad_parameters_name_themselves(cls, params, name):
     with pytest.raises(TopologyError) as err:
@@ -159,7 +176,7 @@ def test_bad_parameters_name_themselves(cls, params, name):
 
 # -- shaping ----------------------------------------------------------------------------------
 def test_htb_priority_tree():
-    lines = htb_priority_tree("leaf1-eth3", 100, 65536)
+    lines = htb_priority_tree("leaf1-eth3", 100, 262144, 9000)
     assert len(lines) == 2 + 8 * 3
     assert lines[0] == "qdisc replace dev leaf1-eth3 root handle 1: htb default 17"
     assert lines[1].startswith("class replace dev leaf1-eth3 parent 1: classid 1:1 htb ")
@@ -167,11 +184,11 @@ def test_htb_priority_tree():
     for line in lines:
         assert " dev leaf1-eth3 " in line
         if " htb " in line and line.startswith("class"):
-            assert "burst 64k cburst 64k" in line and "quantum 1514" in line
+            assert "burst 64k cburst 64k" in line and "quantum 9014" in line, "a quantum of one full frame"
     classes = [l for l in lines if l.startswith("class ") and "parent 1:1 " in l]
-    fifos = [l for l in lines if l.startswith("qdisc ") and "bfifo" in l]
+    queues = [l for l in lines if l.startswith("qdisc ") and "pfifo_head_drop" in l]
     filters = [l for l in lines if l.startswith("filter ")]
-    assert len(classes) == len(fifos) == len(filters) == 8
+    assert len(classes) == len(queues) == len(filters) == 8
     for cs in range(8):
         cid = class_id(cs)
         assert cid == f"1:{0x10 + cs:x}"
@@ -179,8 +196,9 @@ def test_htb_priority_tree():
         prio = {7: 0, 6: 1, 5: 2, 4: 3, 3: 4, 2: 5, 0: 6, 1: 7}[cs]
         assert f"prio {prio} " in cls, "CS7 first (prio 0), CS2, CS0, the droppable CS1 last"
         assert "rate 1000kbit ceil 100mbit" in cls, "a 1% floor, the link as ceiling"
-        (fifo,) = [l for l in fifos if f"parent {cid} " in l]
-        assert fifo.endswith(f"bfifo limit {16384 if cs == 1 else 65536}"), "CS1's queue is short"
+        (queue,) = [l for l in queues if f"parent {cid} " in l]
+        # 262144 bytes are 29 frames of 9014 bytes; CS1's queue is short
+        assert queue.endswith(f"pfifo_head_drop limit {10 if cs == 1 else 29}"), queue
         (flt,) = [l for l in filters if l.endswith(f"flowid {cid}")]
         assert f"u32 match ip tos 0x{cs << 5:02x} 0xe0 " in flt
         assert "protocol ip" in flt
@@ -189,41 +207,34 @@ def test_htb_priority_tree():
     assert len({l.split(" handle ")[1].split()[0] for l in filters}) == 8, "distinct filter handles"
 
 
+def test_rate_cut_lines_are_the_trees_classes():
+    tree = htb_priority_tree("h1-eth0", 20, 65536, 1500)
+    classes = htb_classes("h1-eth0", 20, 1500)
+    assert classes == [line for line in tree if line.startswith("class ")]
+    assert all("quantum 1514" in line for line in classes)
+
+
 @pytest.mark.parametrize("rate, ceil, floor", [(2.5, "2.5mbit", "25kbit"), (0.5, "0.5mbit", "8kbit"),
                                               (1000, "1000mbit", "10000kbit")])
 def test_htb_rates(rate, ceil, floor):
-    lines = htb_priority_tree("h1-eth0", rate, 1514)
+    lines = htb_priority_tree("h1-eth0", rate, 1514, 1500)
     assert f"rate {ceil} ceil {ceil}" in lines[1]
     assert all(f"rate {floor} ceil {ceil}" in l for l in lines if "parent 1:1 " in l)
 
 
-@pytest.mark.parametrize("rate, queue, name", [
-    (0, 65536, "rate_mbit"), (-1, 65536, "rate_mbit"), (100, 1513, "queue_bytes"),
-    (100, 0, "queue_bytes"),
-    (math.nan, 65536, "rate_mbit"),
+@pytest.mark.parametrize("rate, queue, mtu, name", [
+    (0, 65536, 1500, "rate_mbit"), (-1, 65536, 1500, "rate_mbit"), (math.nan, 65536, 1500, "rate_mbit"),
+    (100, 1513, 1500, "queue_bytes"), (100, 9013, 9000, "queue_bytes"), (100, 0, 1500, "queue_bytes"),
+    (100, 65536, 1279, "mtu"), (100, 65536, 9001, "mtu"), (100, 65536, 1500.0, "mtu"), (100, 65536, True, "mtu"),
 ])
-def test_htb_bad_inputs(rate, queue, name):
+def test_htb_bad_inputs(rate, queue, mtu, name):
     with pytest.raises(ValueError) as err:
-        htb_priority_tree("h1-eth0", rate, queue)
+        htb_priority_tree("h1-eth0", rate, queue, mtu)
     assert str(err.value).startswith(f"{name}: ")
 
 
-def test_class_queue_limits():
-    assert DROPPABLE_QUEUE_BYTES == 16 * 1024
-    assert class_queue_limits(262144) == [262144, 16384] + [262144] * 6
-    assert class_queue_limits(8000) == [8000] * 8, "the droppable queue is never the longer one"
-    assert class_queue_limits(65536, {1: 4096, 6: 131072}) == \
-        [65536, 4096, 65536, 65536, 65536, 65536, 131072, 65536]
-    lines = htb_priority_tree("h1-eth0", 10, 65536, {0: 3000})
-    assert [l.split()[-1] for l in lines if "bfifo" in l] == \
-        ["3000", "16384", "65536", "65536", "65536", "65536", "65536", "65536"]
-
-
-@pytest.mark.parametrize("limits, message", [
-    ({8: 4096}, "class_queue_bytes: class 8 "), ({-1: 4096}, "class_queue_bytes: class -1 "),
-    ({1: 1513}, "class_queue_bytes[1]: 1513 "), ({5: 0}, "class_queue_bytes[5]: 0 "),
-])
-def test_class_queue_limits_bad(limits, message):
-    with pytest.raises(ValueError) as err:
-        htb_priority_tree("h1-eth0", 10, 65536, limits)
-    assert str(err.value).startswith(message)
+def test_class_queue_packets_follow_the_mtu():
+    assert DROPPABLE_QUEUE_PACKETS == 10
+    assert class_queue_packets(262144, 1500) == [173, 10] + [173] * 6
+    assert class_queue_packets(262144, 9000) == [29, 10] + [29] * 6
+    assert class_queue_packets(9014, 9000) == [4] * 8, "never fewer than 4 packets, CS1 never longer"

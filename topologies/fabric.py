@@ -27,6 +27,7 @@ from mininet.node import RemoteController
 
 from topologies.cleanup import LOCK_FILE, REPO, STATE_DIR, STATE_FILE, clean_stale, clean_state
 from topologies.leafspine import TopologyError, topos
+from topologies.machine import MachineError, prepare
 
 VENV_PYTHON = REPO / ".venv" / "bin" / "python"
 _running: "Fabric | None" = None  # the fabric this process runs (the lock is per machine)
@@ -34,31 +35,6 @@ _running: "Fabric | None" = None  # the fabric this process runs (the lock is pe
 
 class FabricError(RuntimeError):
     """The fabric could not be built or did not come up; the message says what and why."""
-
-
-def ensure_ovs() -> None:
-    """Start Open vSwitch when it is not running (nothing starts it on a fresh machine)."""
-    if subprocess.run(["ovs-vsctl", "--timeout=3", "show"], capture_output=True).returncode == 0:
-        return
-    start = subprocess.run(["/usr/share/openvswitch/scripts/ovs-ctl", "start",
-                            "--system-id=random"], capture_output=True, text=True)
-    if start.returncode != 0:
-        raise FabricError(f"could not start Open vSwitch: {start.stderr.strip()[-300:]}")
-
-
-# The userspace datapath reads each port through an AF_PACKET socket sized by net.core.rmem_default.
-# At the usual 208 KB, bursts overflowed it while ovs-vswitchd was busy: each switch lost 0.2-1.4%
-# of the packets it received, unseen by any counter (mlt's PS pulls: 4,900-6,200 fragments
-# retransmitted in 30 iterations; 1,800 with 2 MB).
-PORT_SOCKET_BUFFER_BYTES = 2 << 20
-RMEM_DEFAULT = Path("/proc/sys/net/core/rmem_default")
-
-
-def ensure_port_buffers() -> None:
-    """Raise (never lower) the default socket buffer before the switches' ports are added: a
-    machine-wide setting that stays, like the offloads PLATFORM.md turns off."""
-    if int(RMEM_DEFAULT.read_text()) < PORT_SOCKET_BUFFER_BYTES:
-        RMEM_DEFAULT.write_text(str(PORT_SOCKET_BUFFER_BYTES))
 
 
 def controller_python() -> str:
@@ -85,6 +61,7 @@ class Fabric:
         self.controller: subprocess.Popen | None = None
         self.processes: list[subprocess.Popen] = []
         self.cleaned: list[str] = []  # what start() removed of a killed fabric, for the caller to say
+        self.sysctls_changed: dict[str, tuple] = {}  # machine-wide settings start() raised
         self._lock = None
 
     # -- life cycle ---------------------------------------------------------------------------
@@ -106,8 +83,10 @@ class Fabric:
         self._acquire_lock()
         # A previous fabric that was killed: its lock is free, its leftovers not.
         self.cleaned = clean_stale()
-        ensure_ovs()
-        ensure_port_buffers()
+        try:
+            self.sysctls_changed = prepare(getattr(self.topo, "tcp_cc", None))
+        except MachineError as error:
+            raise FabricError(str(error)) from None
         self._write_state()
         if self.own_controller:
             self._start_controller()

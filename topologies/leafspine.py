@@ -1,7 +1,7 @@
 """Leaf-spine and fat-tree datacenter fabrics of userspace Open vSwitch switches.
 
 From the repo root:
-    mn --custom topologies/leafspine.py --topo leafspine,spines=2,leaves=2,hosts=2 \
+    mn --custom topologies/leafspine.py --topo leafspine,spines=2,leaves=2,hosts=2,mtu=9000 \
        --controller remote,ip=127.0.0.1,port=6653 --test pingall
 
 Conventions (deterministic, so runs and logs compare across builds):
@@ -24,7 +24,9 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(inspect.currentframe().f
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from topologies.nodes import DEFAULT_QUEUE_BYTES, FabricLink, OVSUserSwitch  # noqa: E402
+from topologies.machine import DEFAULT_TCP_CC, check_tcp_cc  # noqa: E402
+from topologies.nodes import DEFAULT_QUEUE_BYTES, FabricHost, FabricLink, OVSUserSwitch  # noqa: E402
+from topologies.shaping import DEFAULT_MTU, check_mtu, frame_bytes  # noqa: E402
 
 MAX_HOSTS = (1 << 24) - 2  # host addresses in 10.0.0.0/8
 LEAF_DPID, SPINE_DPID, AGG_DPID = 0x1000, 0x2000, 0x3000
@@ -55,28 +57,44 @@ def host_ip(n: int) -> str:
     return ipAdd(n, prefixLen=8, ipBaseNum=0x0A000000)
 
 
+def _checked(check, value):
+    """value through a shaping/nodes check, its ValueError as a TopologyError."""
+    try:
+        return check(value)
+    except ValueError as error:
+        raise TopologyError(str(error)) from None
+
+
 class FabricTopo(Topo):
-    """Common helpers: hosts and links with the fabric's addressing, classes and rates."""
+    """Common helpers: hosts and links with the fabric's addressing, classes, rates and MTU."""
+
+    def _fabric_options(self, queue_bytes: int, mtu: int, tcp_cc: str) -> None:
+        """Validate and keep the options every link and host of the fabric shares."""
+        self.mtu = _checked(check_mtu, mtu)
+        self.tcp_cc = _checked(check_tcp_cc, tcp_cc)
+        self.queue_bytes = _positive_int("queue_bytes", queue_bytes, minimum=frame_bytes(self.mtu))
 
     def _fabric_switch(self, name: str, dpid: int) -> str:
         return self.addSwitch(name, dpid=dpid_str(dpid), cls=OVSUserSwitch)
 
     def _fabric_host(self, n: int) -> str:
-        return self.addHost(f"h{n}", ip=f"{host_ip(n)}/8", mac=macColonHex(n))
+        return self.addHost(f"h{n}", ip=f"{host_ip(n)}/8", mac=macColonHex(n), cls=FabricHost,
+                            tcp_cc=self.tcp_cc)
 
-    def _fabric_link(self, a: str, b: str, port_a: int, port_b: int, bw: float,
-                     queue_bytes: int) -> None:
+    def _fabric_link(self, a: str, b: str, port_a: int, port_b: int, bw: float) -> None:
         self.addLink(a, b, port1=port_a, port2=port_b, cls=FabricLink, bw=bw,
-                     queue_bytes=queue_bytes)
+                     queue_bytes=self.queue_bytes, mtu=self.mtu)
 
 
 class LeafSpineTopo(FabricTopo):
-    """`spines` x `leaves` leaf-spine with `hosts` per leaf; rates in Mbit/s.
+    """`spines` x `leaves` leaf-spine with `hosts` per leaf; rates in Mbit/s, MTU in bytes (every
+    interface), queues in bytes per class, `tcp_cc` the hosts' TCP congestion control.
 
     Oversubscription at a leaf = hosts*host_bw / (spines*fabric_bw)."""
 
     def build(self, spines: int = 2, leaves: int = 2, hosts: int = 2, host_bw: float = 100,
-              fabric_bw: float = 100, queue_bytes: int = DEFAULT_QUEUE_BYTES) -> None:
+              fabric_bw: float = 100, queue_bytes: int = DEFAULT_QUEUE_BYTES,
+              mtu: int = DEFAULT_MTU, tcp_cc: str = DEFAULT_TCP_CC) -> None:
         spines = _positive_int("spines", spines)
         leaves = _positive_int("leaves", leaves)
         for name, count in (("spines", spines), ("leaves", leaves)):
@@ -85,7 +103,7 @@ class LeafSpineTopo(FabricTopo):
         hosts = _positive_int("hosts", hosts)
         host_bw = _positive_rate("host_bw", host_bw)
         fabric_bw = _positive_rate("fabric_bw", fabric_bw)
-        queue_bytes = _positive_int("queue_bytes", queue_bytes, minimum=1514)
+        self._fabric_options(queue_bytes, mtu, tcp_cc)
         if leaves * hosts > MAX_HOSTS:
             raise TopologyError(f"hosts: {leaves * hosts} hosts in all is not allowed "
                                 f"(at most {MAX_HOSTS} addresses in 10.0.0.0/8)")
@@ -94,21 +112,23 @@ class LeafSpineTopo(FabricTopo):
             leaf_name = self._fabric_switch(f"leaf{leaf}", LEAF_DPID + leaf)
             for port in range(1, hosts + 1):
                 host = self._fabric_host((leaf - 1) * hosts + port)
-                self._fabric_link(leaf_name, host, port, 0, host_bw, queue_bytes)
+                self._fabric_link(leaf_name, host, port, 0, host_bw)
             for s, spine_name in enumerate(spine_names, start=1):
-                self._fabric_link(leaf_name, spine_name, hosts + s, leaf, fabric_bw, queue_bytes)
+                self._fabric_link(leaf_name, spine_name, hosts + s, leaf, fabric_bw)
 
 
 class FatTreeTopo(FabricTopo):
     """k-ary fat-tree (Al-Fares et al.): k pods of k/2 edge and k/2 aggregation switches,
-    (k/2)^2 cores, k/2 hosts per edge switch; every link at `bw` Mbit/s."""
+    (k/2)^2 cores, k/2 hosts per edge switch; every link at `bw` Mbit/s (MTU, queues and TCP
+    congestion control as in LeafSpineTopo)."""
 
-    def build(self, k: int = 4, bw: float = 100, queue_bytes: int = DEFAULT_QUEUE_BYTES) -> None:
+    def build(self, k: int = 4, bw: float = 100, queue_bytes: int = DEFAULT_QUEUE_BYTES,
+              mtu: int = DEFAULT_MTU, tcp_cc: str = DEFAULT_TCP_CC) -> None:
         k = _positive_int("k", k, minimum=2)
         if k % 2:
             raise TopologyError(f"k: {k} is not allowed (an even integer >= 2)")
         bw = _positive_rate("bw", bw)
-        queue_bytes = _positive_int("queue_bytes", queue_bytes, minimum=1514)
+        self._fabric_options(queue_bytes, mtu, tcp_cc)
         half = k // 2
         if k * half > MAX_PER_TIER:
             raise TopologyError(f"k: {k} is not allowed (at most 90: k*k/2 edge switches "
@@ -122,14 +142,14 @@ class FatTreeTopo(FabricTopo):
                 edge = self._fabric_switch(f"edge{pod * half + e}", LEAF_DPID + pod * half + e)
                 for port in range(1, half + 1):
                     host_n += 1
-                    self._fabric_link(edge, self._fabric_host(host_n), port, 0, bw, queue_bytes)
+                    self._fabric_link(edge, self._fabric_host(host_n), port, 0, bw)
                 for a, agg in enumerate(aggs, start=1):
-                    self._fabric_link(edge, agg, half + a, e, bw, queue_bytes)
+                    self._fabric_link(edge, agg, half + a, e, bw)
             # Aggregation switch a of every pod connects to cores (a-1)*half+1 .. a*half.
             for a, agg in enumerate(aggs, start=1):
                 for c in range(half):
                     core = cores[(a - 1) * half + c]
-                    self._fabric_link(agg, core, half + 1 + c, pod + 1, bw, queue_bytes)
+                    self._fabric_link(agg, core, half + 1 + c, pod + 1, bw)
 
 
 topos = {"leafspine": LeafSpineTopo, "fattree": FatTreeTopo}

@@ -1,4 +1,4 @@
-"""The switch and link classes a fabric Topo carries (`cls=`), so `mn --custom` needs no flags.
+"""The switch, host and link classes a fabric Topo carries (`cls=`), so `mn --custom` needs no flags.
 
 Only the standard library and Mininet are imported: `mn` runs this under /usr/bin/python3.
 """
@@ -7,12 +7,13 @@ from __future__ import annotations
 import tempfile
 
 from mininet.link import Intf, Link
-from mininet.node import OVSSwitch
+from mininet.node import Host, OVSSwitch
 from mininet.util import errRun
 
-from topologies.shaping import htb_priority_tree, offloads_off
+from topologies.machine import DEFAULT_TCP_CC, check_tcp_cc
+from topologies.shaping import DEFAULT_MTU, check_mtu, htb_priority_tree, offloads_off
 
-# Marks our bridges in OVSDB so clean-up removes ours and only ours.
+# Marks our bridges and interfaces in OVSDB so clean-up removes ours and only ours.
 OWNER_KEY = "dnn-testbed"
 DEFAULT_QUEUE_BYTES = 256 * 1024
 
@@ -26,6 +27,15 @@ class OVSUserSwitch(OVSSwitch):
         params.setdefault("protocols", "OpenFlow13,OpenFlow15")
         params.setdefault("failMode", "secure")
         super().__init__(name, **params)
+
+    def intfOpts(self, intf) -> str:
+        """Each port marked ours and, for a shaped link, at the link's MTU (OVS's own request, so
+        it never resets the port to another)."""
+        opts = super().intfOpts(intf)
+        extra = f" external_ids:{OWNER_KEY}=1"
+        if getattr(intf, "mtu", None):
+            extra += f" mtu_request={intf.mtu}"
+        return (opts or f" -- set Interface {intf}") + extra
 
     def start(self, controllers) -> None:
         super().start(controllers)
@@ -47,24 +57,46 @@ class OVSUserSwitch(OVSSwitch):
                 intf.shape()
 
 
+class FabricHost(Host):
+    """A host whose TCP congestion control is pinned (new namespaces inherit the machine's default,
+    which may be anything: bbr on these machines)."""
+
+    def config(self, tcp_cc: str = DEFAULT_TCP_CC, **params) -> dict:
+        result = super().config(**params)
+        out = self.cmd(f"sysctl -qw net.ipv4.tcp_congestion_control={check_tcp_cc(tcp_cc)} 2>&1")
+        if out.strip():
+            raise RuntimeError(f"tcp_cc {tcp_cc} on {self.name} failed: {out.strip()}")
+        self.tcp_cc = tcp_cc
+        return result
+
+
 class ShapedIntf(Intf):
-    """A veth end with offloads off and its egress shaped by the 8-class priority tree.
+    """A veth end at the link's MTU, with offloads off and its egress shaped by the 8-class
+    priority tree.
 
     Both ends are shaped: a switch port queues like a real switch's, and a host's end is its NIC,
     which must cap what a host sends (a parameter server may not push n links' worth at once)."""
 
     def config(self, bw: float | None = None, queue_bytes: int = DEFAULT_QUEUE_BYTES,
-               **params) -> dict:
+               mtu: int = DEFAULT_MTU, **params) -> dict:
         result = super().config(**params)
+        self.mtu = check_mtu(mtu)
+        self._run(f"ip link set dev {self.name} mtu {mtu}")
         self.cmd(offloads_off(self.name))
         self.bw, self.queue_bytes = bw, queue_bytes
         self.shape()
         return result
 
+    def _run(self, command: str) -> None:
+        out = self.cmd(f"{command} 2>&1")
+        if out.strip():
+            raise RuntimeError(f"`{command}` failed: {out.strip()}")
+
     def shape(self) -> None:
         if self.bw is not None:
             with tempfile.NamedTemporaryFile("w", prefix="tc-", suffix=".batch") as batch:
-                batch.write("\n".join(htb_priority_tree(self.name, self.bw, self.queue_bytes)) + "\n")
+                lines = htb_priority_tree(self.name, self.bw, self.queue_bytes, self.mtu)
+                batch.write("\n".join(lines) + "\n")
                 batch.flush()
                 out = self.cmd(f"tc -batch {batch.name} 2>&1")
             if "rror" in out or "RTNETLINK" in out:
@@ -72,9 +104,9 @@ class ShapedIntf(Intf):
 
 
 class FabricLink(Link):
-    """A veth link at `bw` Mbit/s with the shaping of ShapedIntf on both ends."""
+    """A veth link at `bw` Mbit/s and `mtu` bytes with the shaping of ShapedIntf on both ends."""
 
     def __init__(self, node1, node2, bw: float | None = None,
-                 queue_bytes: int = DEFAULT_QUEUE_BYTES, **params):
+                 queue_bytes: int = DEFAULT_QUEUE_BYTES, mtu: int = DEFAULT_MTU, **params):
         super().__init__(node1, node2, cls1=ShapedIntf, cls2=ShapedIntf,
-                         bw=bw, queue_bytes=queue_bytes, **params)
+                         bw=bw, queue_bytes=queue_bytes, mtu=mtu, **params)

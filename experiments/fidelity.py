@@ -1,0 +1,103 @@
+"""The fidelity guard: did a run measure the emulated network, or the machine emulating it?
+
+Each check is judged on its own, over the run's training window (first iteration start to last
+end), from what the runner sampled (experiments/sampler.py) and the host apps reported:
+
+- machine CPU: mean utilization of all cores <= CPU_LIMIT;
+- ovs-vswitchd: its busiest thread (the one that forwards every packet of every switch) below
+  VSWITCHD_THREAD_LIMIT of a core on average;
+- links: a switch port found holding B bytes must send min(B, rate x t) in the next t seconds
+  (work conservation, whatever the traffic's burstiness); over the run's drain probes the ports
+  sent >= LINK_RATE_MIN of that (a starved forwarding thread or a coarse qdisc timer shows up as
+  a queue that drains slower than its link);
+- drops outside the class queues: the switches' port sockets, OVS transmit errors and datapath
+  drops together <= OUTSIDE_DROPS_LIMIT of the packets the switch ports sent (such drops are
+  class-blind: priority cannot protect against them);
+- host-app timing: the 99th percentile of how late the host apps' timed sleeps (emulated compute,
+  mlt's pacer) woke <= APP_LAG_P99_MS_LIMIT.
+
+`fidelity_ok` holds only when every check passes; `fidelity_reason` names each one that failed.
+All functions are pure (DataFrames and dicts in, numbers and strings out).
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+CPU_LIMIT = 0.9
+VSWITCHD_THREAD_LIMIT = 0.9
+LINK_RATE_MIN = 0.9
+OUTSIDE_DROPS_LIMIT = 1e-4
+APP_LAG_P99_MS_LIMIT = 10.0
+
+# runs.csv columns the guard fills, in order.
+FIDELITY_COLUMNS = [
+    "cpu_util_mean", "vswitchd_thread_util_mean", "link_rate_frac", "class_queue_drops_pkts",
+    "outside_queue_drops_pkts", "app_lag_ms_p99", "fidelity_ok", "fidelity_reason",
+]
+
+
+def window(samples: pd.DataFrame, start_s: float, end_s: float) -> pd.DataFrame:
+    return samples[(samples["time_s"] >= start_s) & (samples["time_s"] <= end_s)]
+
+
+def port_totals(queues: pd.DataFrame) -> pd.DataFrame:
+    """Per sample and switch port, its class queues summed: sent bytes and packets, drops, backlog."""
+    columns = ["sent_bytes", "sent_pkts", "dropped_pkts", "backlog_bytes"]
+    return queues.groupby(["switch", "port", "time_s"], as_index=False)[columns].sum()
+
+
+def drain_fraction(drains: pd.DataFrame, port_rates: pd.DataFrame) -> float:
+    """Over the drain probes (drain.csv rows), what the ports sent as a fraction of what a faithful
+    link must have sent: min(the backlog found, rate x probe) each (capped at that, as HTB's bursts
+    may send more); NaN without probes."""
+    rates = port_rates.astype({"port": int}).set_index(["switch", "port"])["rate_mbps"]
+    probes = drains.astype({"port": int}).join(rates, on=["switch", "port"])
+    owed = (probes["rate_mbps"] * 1e6 / 8 * probes["probe_s"]).clip(upper=probes["backlog_bytes"])
+    return float(probes["sent_bytes"].clip(upper=owed).sum() / owed.sum()) if owed.sum() > 0 else math.nan
+
+
+def run_deltas(samples: pd.DataFrame, keys: list[str], columns: list[str]) -> pd.DataFrame:
+    """Per key, the last sample's counters minus the first's (counters are cumulative)."""
+    ordered = samples.sort_values("time_s").groupby(keys)[columns]
+    return (ordered.last() - ordered.first()).reset_index()
+
+
+def judge(cpu: pd.DataFrame, queues: pd.DataFrame, drains: pd.DataFrame, sockets: pd.DataFrame,
+          ovs: dict, port_rates: pd.DataFrame, timing_p99_ms: list[float], start_s: float,
+          end_s: float) -> dict[str, object]:
+    """The FIDELITY_COLUMNS of one run. cpu, queues, drains, sockets: the sampler's CSVs; ovs: its
+    ovs.json; port_rates: port_rates.csv; timing_p99_ms: each host-app process's lag_ms_p99;
+    start_s, end_s: the training window."""
+    cpu = window(cpu, start_s, end_s)
+    cpu_mean = float(cpu["cpu_util"].mean())
+    thread_mean = float(cpu["vswitchd_thread_util"].mean())
+    link_frac = drain_fraction(window(drains, start_s, end_s), port_rates)
+    queue_deltas = run_deltas(port_totals(queues), ["switch", "port"], ["sent_pkts", "dropped_pkts"])
+    class_drops = int(queue_deltas["dropped_pkts"].sum())
+    sent = int(queue_deltas["sent_pkts"].sum())
+    socket_drops = int(run_deltas(sockets, ["switch", "port"], ["socket_drops"])["socket_drops"].sum())
+    transmit_errors = sum(ovs.get("tx_errors_by_port", {}).values()) + ovs.get("tx_errors_suppressed", 0)
+    outside = socket_drops + transmit_errors + ovs.get("datapath_drops", 0)
+    lag = max(timing_p99_ms, default=math.nan)
+    reasons = []
+    if cpu_mean > CPU_LIMIT:
+        reasons.append(f"machine CPU {cpu_mean:.2f} > {CPU_LIMIT}")
+    if thread_mean >= VSWITCHD_THREAD_LIMIT:
+        reasons.append(f"ovs-vswitchd's forwarding thread at {thread_mean:.2f} cores (>= {VSWITCHD_THREAD_LIMIT})")
+    if link_frac < LINK_RATE_MIN:
+        reasons.append(f"backlogged ports drained at {link_frac:.2f} of their rate (< {LINK_RATE_MIN})")
+    if outside > OUTSIDE_DROPS_LIMIT * max(sent, 1):
+        reasons.append(f"{outside} packets dropped outside the class queues (port sockets {socket_drops}, "
+                       f"OVS transmit {transmit_errors}, datapath {ovs.get('datapath_drops', 0)}; "
+                       f"{sent} sent)")
+    if lag > APP_LAG_P99_MS_LIMIT:
+        reasons.append(f"host-app timers woke {lag:.1f} ms late (p99 > {APP_LAG_P99_MS_LIMIT:g} ms)")
+    known = not (math.isnan(cpu_mean) or math.isnan(thread_mean))
+    return {
+        "cpu_util_mean": cpu_mean, "vswitchd_thread_util_mean": thread_mean, "link_rate_frac": link_frac,
+        "class_queue_drops_pkts": class_drops, "outside_queue_drops_pkts": outside, "app_lag_ms_p99": lag,
+        "fidelity_ok": (not reasons) if known else pd.NA,
+        "fidelity_reason": "; ".join(reasons) if known else "no CPU samples in the training window",
+    }

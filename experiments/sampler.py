@@ -1,0 +1,172 @@
+"""What the runner watches on the machine while a run trains, for the fidelity guard
+(experiments/fidelity.py): CPU of the machine and of ovs-vswitchd's busiest thread, every switch
+port's class queues (tc: bytes and packets sent, drops, backlog), the switches' port-socket
+drops, and, over the whole run, the transmit errors OVS logged and its datapath drop counters.
+
+Files in the run's directory (CSV columns below; counters are cumulative, as sampled):
+    cpu.csv      time_s, cpu_util (machine, 0..1), vswitchd_thread_util (cores, busiest thread)
+    queues.csv   time_s, switch, port, cs, sent_bytes, sent_pkts, dropped_pkts, backlog_bytes
+    drain.csv    time_s, switch, port, probe_s, backlog_bytes, sent_bytes: for each port that had a
+                 backlog, what it sent in the next probe_s (a second tc dump DRAIN_PROBE_S later)
+    sockets.csv  time_s, switch, port, socket_drops
+    ovs.json     {"tx_errors_by_port": {port: n}, "tx_errors_suppressed": n, "datapath_drops": n}
+A switch port is named by its switch and OpenFlow port number, as in ports.csv.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import re
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from topologies.machine import (busiest_thread_share, machine_jiffies, port_socket_drops,
+                                thread_jiffies, vswitchd_pid)
+from topologies.ovslog import OvsLog
+
+SAMPLE_S = 0.5
+# A port that holds B bytes must send min(B, rate x t) in the next t seconds: probing right after a
+# sample tests that whatever the traffic's burstiness; 20 ms is 250 KB at 100 Mbit/s, a full queue.
+DRAIN_PROBE_S = 0.02
+CPU_COLUMNS = ["time_s", "cpu_util", "vswitchd_thread_util"]
+QUEUE_COLUMNS = ["time_s", "switch", "port", "cs", "sent_bytes", "sent_pkts", "dropped_pkts",
+                 "backlog_bytes"]
+SOCKET_COLUMNS = ["time_s", "switch", "port", "socket_drops"]
+DRAIN_COLUMNS = ["time_s", "switch", "port", "probe_s", "backlog_bytes", "sent_bytes"]
+LEAF_PARENT = re.compile(r"^1:1([0-7])$")  # the class of a leaf queue (topologies/shaping.py)
+DATAPATH_DROP = re.compile(r"^(datapath_drop_\S+)\s.*total: (\d+)$", re.M)
+# Counted by OVS when the upcall of a controller action fails: those packets were on their way to
+# the controller (probes, ARP), not being forwarded, and our pipeline has no other userspace action.
+CONTROLLER_UPCALL_DROP = "datapath_drop_userspace_action_error"
+
+
+def class_queue_stats(qdiscs: list[dict], ports: dict[str, tuple[str, int]]) -> list[list]:
+    """Rows (switch, port, cs, sent_bytes, sent_pkts, dropped_pkts, backlog_bytes) of the class
+    queues in `tc -s -j qdisc show` output, for the interfaces in `ports` (name -> (switch, port))."""
+    rows = []
+    for qdisc in qdiscs:
+        where = ports.get(qdisc.get("dev", ""))
+        match = LEAF_PARENT.match(qdisc.get("parent", ""))
+        if where and match:
+            rows.append([*where, int(match[1]), qdisc["bytes"], qdisc["packets"], qdisc["drops"],
+                         qdisc["backlog"]])
+    return rows
+
+
+def drain_rows(first: list[list], second: list[list], probe_s: float) -> list[list]:
+    """Rows (switch, port, probe_s, backlog_bytes, sent_bytes) of the ports that had a backlog in
+    `first`, with what they sent by `second` (class_queue_stats rows of two dumps)."""
+    def per_port(rows: list[list]) -> dict[tuple, list[int]]:
+        totals: dict[tuple, list[int]] = {}
+        for switch, port, _, sent_bytes, _, _, backlog in rows:
+            total = totals.setdefault((switch, port), [0, 0])
+            total[0] += sent_bytes
+            total[1] += backlog
+        return totals
+
+    before, after = per_port(first), per_port(second)
+    return [[*key, round(probe_s, 4), backlog, after[key][0] - sent]
+            for key, (sent, backlog) in before.items() if backlog and key in after]
+
+
+def datapath_drops(coverage: str) -> int:
+    """Forwarded packets the userspace datapath dropped for its own reasons (`datapath_drop_*`
+    coverage counters: failed upcalls of misses, invalid ports, ...), from `ovs-appctl coverage/show`."""
+    return sum(int(total) for name, total in DATAPATH_DROP.findall(coverage) if name != CONTROLLER_UPCALL_DROP)
+
+
+def _coverage() -> str:
+    return subprocess.run(["ovs-appctl", "coverage/show"], capture_output=True, text=True).stdout
+
+
+class FabricSampler:
+    """Samples every SAMPLE_S while it is entered; `ports` maps each switch port's interface name
+    to (switch, OpenFlow port)."""
+
+    def __init__(self, run_dir: Path, ports: dict[str, tuple[str, int]]) -> None:
+        self.run_dir, self.ports = run_dir, ports
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fabric-sampler", daemon=True)
+        self._log = OvsLog()
+        self._drops_before = 0
+
+    def __enter__(self) -> FabricSampler:
+        self._drops_before = datapath_drops(_coverage())
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        errors = self._log.transmit_errors()
+        ours = {name: count for name, count in errors.by_port.items() if name in self.ports}
+        record = {"tx_errors_by_port": ours, "tx_errors_suppressed": errors.suppressed,
+                  "datapath_drops": datapath_drops(_coverage()) - self._drops_before}
+        (self.run_dir / "ovs.json").write_text(json.dumps(record, indent=2) + "\n")
+
+    def _sample_sockets(self, writer: csv.writer, now: float) -> None:
+        for name, drops in sorted(port_socket_drops(set(self.ports)).items()):
+            writer.writerow([f"{now:.3f}", *self.ports[name], drops])
+
+    def _queue_stats(self) -> list[list]:
+        out = subprocess.run(["tc", "-s", "-j", "qdisc", "show"], capture_output=True, text=True).stdout
+        try:
+            return class_queue_stats(json.loads(out or "[]"), self.ports)
+        except ValueError:
+            return []  # an interface vanished mid-dump; the next sample will do
+
+    def _sample_queues(self, queues: csv.writer, drains: csv.writer, now: float) -> None:
+        start = time.monotonic()
+        rows = self._queue_stats()
+        for row in rows:
+            queues.writerow([f"{now:.3f}", *row])
+        if any(row[-1] for row in rows):
+            time.sleep(max(0.0, start + DRAIN_PROBE_S - time.monotonic()))
+            probe_s = time.monotonic() - start
+            for row in drain_rows(rows, self._queue_stats(), probe_s):
+                drains.writerow([f"{now:.3f}", *row])
+
+    def _run(self) -> None:
+        with open(self.run_dir / "cpu.csv", "w", newline="") as cpu_file, \
+                open(self.run_dir / "queues.csv", "w", newline="") as queue_file, \
+                open(self.run_dir / "drain.csv", "w", newline="") as drain_file, \
+                open(self.run_dir / "sockets.csv", "w", newline="") as socket_file:
+            cpu, sockets = csv.writer(cpu_file), csv.writer(socket_file)
+            queues, drains = csv.writer(queue_file), csv.writer(drain_file)
+            for writer, columns in ((cpu, CPU_COLUMNS), (queues, QUEUE_COLUMNS), (drains, DRAIN_COLUMNS),
+                                    (sockets, SOCKET_COLUMNS)):
+                writer.writerow(columns)
+            files = (queue_file, drain_file, socket_file)
+            pid = vswitchd_pid()
+            busy, total = machine_jiffies()
+            threads, then = _threads(pid), time.monotonic()
+            self._sample(queues, drains, sockets, files)
+            while True:
+                stopped = self._stop.wait(SAMPLE_S)
+                now_busy, now_total = machine_jiffies()
+                now_threads, now_mono = _threads(pid), time.monotonic()
+                if now_total > total:
+                    thread_util = busiest_thread_share(threads, now_threads, now_mono - then)
+                    cpu.writerow([f"{time.time():.3f}", f"{(now_busy - busy) / (now_total - total):.4f}",
+                                  f"{thread_util:.4f}"])
+                    cpu_file.flush()
+                busy, total, threads, then = now_busy, now_total, now_threads, now_mono
+                self._sample(queues, drains, sockets, files)
+                if stopped:  # the last sample is at the end, so every run has its deltas
+                    return
+
+    def _sample(self, queues: csv.writer, drains: csv.writer, sockets: csv.writer, files: tuple) -> None:
+        now = time.time()
+        self._sample_queues(queues, drains, now)
+        self._sample_sockets(sockets, now)
+        for file in files:
+            file.flush()
+
+
+def _threads(pid: int | None) -> dict[int, int]:
+    try:
+        return thread_jiffies(pid) if pid else {}
+    except OSError:  # ovs-vswitchd went away: its CPU is no longer ours to judge
+        return {}
