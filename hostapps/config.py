@@ -1,5 +1,7 @@
 """Run configuration: one dataclass for the CLI, the tests and the runner, and its validation."""
 import argparse
+import math
+import re
 from dataclasses import dataclass, field
 
 from hostapps.collectives import FUSION_PRESETS, MAX_PS_SLICES, split_bytes
@@ -12,13 +14,27 @@ MODES = ("allreduce", "ps")
 MODELS = ("mlp",)
 TRANSPORTS = ("tcp", "mlt")
 ROLES = ("worker", "server")
+U32 = 2**32 - 1        # the frame header's job field; numpy's and scikit-learn's largest seed
+MAX_TIMEOUT_S = 86400  # a day, far beyond any run (waits overflow past threading.TIMEOUT_MAX, ~292 years)
+MAX_LINK_MBPS = 1e6    # mlt advises rates in kbit/s in a 32-bit field
 
 
 class ConfigError(ValueError):
-    """Bad input, reported as 'error: --ARG: message'."""
+    """Bad input, reported as 'error: --ARG: message' (or 'error: message' when it names no one argument)."""
 
     def __init__(self, argument: str, message: str):
-        super().__init__("%s: %s" % (argument, message))
+        super().__init__(f"{argument}: {message}" if argument else message)
+
+
+def decimal(text: str) -> bool:
+    """ASCII digits only: str.isdigit() also takes '²', which int() refuses, and '٣', which it reads as 3."""
+    return text.isascii() and text.isdigit()
+
+
+def require(argument: str, value: float, ok: bool, allowed: str) -> None:
+    """Refuse `value` unless ok, as '--ARG: VALUE is not allowed (ALLOWED)'; NaN fails every comparison."""
+    if not ok:
+        raise ConfigError(argument, f"{value} is not allowed ({allowed})")
 
 
 @dataclass
@@ -93,7 +109,7 @@ class RunConfig:
         if self.ps_slice_bytes and self.mode != "ps":
             raise ConfigError("--ps-slice-bytes", "slices parameter-server messages: ps mode only, not %s"
                               % self.mode)
-        if self.fusion not in FUSION_PRESETS and not (self.fusion.isdigit()):
+        if self.fusion not in FUSION_PRESETS and not decimal(self.fusion):
             raise ConfigError("--fusion", "'%s' is neither a byte count nor a preset (%s)" % (
                 self.fusion, ", ".join(FUSION_PRESETS)))
         if not self.workers:
@@ -118,36 +134,43 @@ class RunConfig:
         if self.batch % self.world:
             raise ConfigError("--batch", "global batch %d does not split evenly over %d workers" % (
                 self.batch, self.world))
-        if self.timeout <= 0 or self.lr <= 0 or self.scale <= 0 or self.link_mbps <= 0:
-            raise ConfigError("--timeout" if self.timeout <= 0 else "--lr" if self.lr <= 0 else
-                              "--scale" if self.scale <= 0 else "--link-mbps", "must be positive")
-        if not 0 <= self.momentum < 1:
-            raise ConfigError("--momentum", "must be in [0, 1), got %g" % self.momentum)
-        if not 0 <= self.loss_bound < 1:
-            raise ConfigError("--loss-bound", "must be in [0, 1), got %g" % self.loss_bound)
+        if self.eval_every < 0:
+            raise ConfigError("--eval-every", "must be 0 (at the end only) or more, got %d" % self.eval_every)
+        require("--timeout", self.timeout, self.timeout > 0 and math.isfinite(self.timeout), "seconds > 0, finite")
+        require("--timeout", self.timeout, self.timeout <= MAX_TIMEOUT_S, f"seconds, at most {MAX_TIMEOUT_S}")
+        require("--lr", self.lr, self.lr > 0 and math.isfinite(self.lr), "> 0, finite")
+        require("--scale", self.scale, 0 < self.scale <= 1, "a fraction of the profile's tensor sizes in (0, 1]")
+        require("--link-mbps", self.link_mbps, 0 < self.link_mbps <= MAX_LINK_MBPS,
+                f"Mbit/s > 0, at most {MAX_LINK_MBPS:.0f}")
+        require("--momentum", self.momentum, 0 <= self.momentum < 1, "a fraction in [0, 1)")
+        require("--loss-bound", self.loss_bound, 0 <= self.loss_bound < 1, "a fraction in [0, 1)")
+        require("--job", self.job, 0 <= self.job <= U32, f"an integer 0..{U32}, the frame header's job field")
+        require("--seed", self.seed, 0 <= self.seed <= U32, f"an integer 0..{U32}")
         if not 1 <= self.sport_range <= 1024:
             raise ConfigError("--sport-range", "must be 1..1024 source ports, got %d" % self.sport_range)
         if not (64 <= self.mtu_payload <= 65000 and self.mtu_payload % 4 == 0):
             raise ConfigError("--mtu-payload", "must be a multiple of 4 in 64..65000, got %d" % self.mtu_payload)
-        if self.quiet_ms <= 0:
-            raise ConfigError("--quiet-ms", "must be positive")
+        # A quiet period beyond the timeout outlasts the sender's patience: it gives up before we decide.
+        require("--quiet-ms", self.quiet_ms, 0 < self.quiet_ms <= 1000 * self.timeout,
+                "milliseconds > 0, at most --timeout")
 
 
 def parse_addresses(argument: str, text: str) -> list[Address]:
     addresses = []
     for item in filter(None, text.split(",")):
         host, _, port = item.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(argument, "bad address '%s' (expected host:port)" % item)
+        if not host or not decimal(port) or not 0 < int(port) < 65536:
+            raise ConfigError(argument, "bad address '%s' (expected host:port, port 1..65535)" % item)
         addresses.append((host, int(port)))
     return addresses
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports bad input as one 'error: ...' line and exit status 2."""
+    """argparse whose errors are ConfigErrors: one 'error: --ARG: ...' line and exit status 2 from main()."""
 
     def error(self, message: str) -> None:
-        self.exit(2, "error: %s\n" % message)
+        named = re.fullmatch(r"argument (\S+): (.*)", message, re.DOTALL)
+        raise ConfigError(named[1], named[2]) if named else ConfigError("", message)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -203,8 +226,8 @@ def parse_layer_dscp(text: str) -> dict[int, int]:
     mapping = {}
     for item in filter(None, text.split(",")):
         tensor, _, dscp = item.partition(":")
-        if not (tensor.isdigit() and dscp.isdigit() and int(dscp) < 64):
-            raise ConfigError("--layer-dscp", "%r is not TENSOR:DSCP with DSCP 0..63" % item)
+        if not (decimal(tensor) and int(tensor) <= U32 and decimal(dscp) and int(dscp) < 64):
+            raise ConfigError("--layer-dscp", "%r is not TENSOR:DSCP with TENSOR 0..%d and DSCP 0..63" % (item, U32))
         mapping[int(tensor)] = int(dscp)
     return mapping
 

@@ -47,6 +47,16 @@ Drop marking (--drop-marking with loss_bound > 0): a worker sends the
 floor(loss_bound x fragments) fragments of a gradient with the smallest
 max |value| with DSCP 1 (LE, RFC 8622) from a separate socket pool; the rest go
 with the DSCP chosen by set_dscp for that peer (default 0).
+
+What a receiver trusts: a datagram counts only if its job id is ours, its header
+names one of our peers and it comes from that peer's host (any source port: see
+_on_datagram); a DATA frame may declare at most max_message_bytes (the job's
+largest message, from the model), and one peer's incomplete messages are
+capped in number and bytes, so memory stays bounded whatever arrives.  Frames
+that do not fit (another fragment size or size for a known message, feedback
+for a message no longer kept) and malformed ones are counted and dropped.  A
+failure while handling one datagram is a bug: counted (internal_errors, in
+summary.json) and reported once, but the threads go on.
 """
 import errno
 import itertools
@@ -54,9 +64,10 @@ import math
 import queue
 import random
 import socket
+import sys
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Sequence
 
@@ -83,6 +94,12 @@ DECREASE_INTERVAL_S = 0.05     # about an RTT under load: one back-off per conge
 COMPLETED_MEMORY = 4096        # completed messages remembered to re-ACK late duplicates
 FRAME_OVERHEAD = 42            # UDP + IPv4 + Ethernet headers: what the links' HTB shapers count
 IP_UDP_HEADER_BYTES = 28
+DEFAULT_MAX_MESSAGE_BYTES = 64 << 20  # when the job's largest message is not given (the loopback bench's are 4 MB)
+# One peer's incomplete messages (a forger from its host, or a backlog of lossy ones): at most this many, in at
+# most INCOMPLETE_BYTES or two largest messages of memory (reassembly_bytes).  A fragment beyond that is dropped
+# like a lost one: the sender's probe brings it back once older messages completed.
+MAX_INCOMPLETE_MESSAGES = 1024
+INCOMPLETE_BYTES = 64 << 20
 
 # A test hook: called with each data frame about to be sent; True drops it.
 DropFunction = Callable[[codec.Frame], bool]
@@ -99,6 +116,8 @@ class MltOptions:
     # DSCP per tensor id (a layer, unless fused) from the controller's scheduling policy;
     # tensors not in it take the peer's DSCP (set_dscp)
     tensor_dscp: dict[int, int] = field(default_factory=dict)
+    # the largest message any process of the job sends: a DATA frame declaring more is dropped, not allocated
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
 
 
 @dataclass
@@ -112,7 +131,13 @@ class MltStats:
     nacks_sent: int = 0
     nack_max_delivered: float = 0.0  # highest delivered fraction of a message that was NACKed
     duplicates: int = 0              # fragments that arrived again: retransmissions that were not needed
-    ignored: int = 0                 # malformed or foreign datagrams
+    malformed: int = 0               # not a datagram of our wire format
+    foreign: int = 0                 # another job's, or not from the host of the peer its header names
+    oversized: int = 0               # DATA declaring a message larger than max_message_bytes
+    over_budget: int = 0             # DATA of a new message while its sender's incomplete ones are at their cap
+    mismatched: int = 0              # another size or fragment grid than the message it names
+    late_feedback: int = 0           # ACK/NACK of a message no longer kept (a duplicate, or a forgery)
+    internal_errors: int = 0         # a bug: handling one datagram (or a retransmission) raised
 
 
 def payload_for_mtu(mtu: int) -> int:
@@ -127,6 +152,11 @@ def allowed_missing_bytes(total: int, loss_bound: float) -> int:
 
 def fragment_count(total: int, fragment_bytes: int) -> int:
     return -(-total // fragment_bytes)
+
+
+def reassembly_bytes(total: int, fragment_bytes: int) -> int:
+    """Memory of a Reassembly: its buffer and a flag per fragment."""
+    return total + max(1, fragment_count(total, fragment_bytes))
 
 
 class Reassembly:
@@ -305,6 +335,7 @@ class MltTransport(Transport):
         self._fragment_bytes = self.options.mtu_payload
         self._names: dict[Peer, str] = {}
         self._addresses: dict[Peer, Address] = {}
+        self._hosts: dict[Peer, str] = {}  # each peer's IPv4 address: its datagrams must come from there
         self.mailbox = Mailbox(self._names)
         self._rates: dict[Peer, RateControl] = {}
         # All peers share this host's link: a PS answering n workers must not send n links' worth.  Just
@@ -322,6 +353,10 @@ class MltTransport(Transport):
         self._incoming: dict[tuple[Peer, MessageKey], Reassembly] = {}  # receive thread only
         self._completed: OrderedDict[tuple[Peer, MessageKey], list[float]] = OrderedDict()  # [delivered, last ACK]
         self._last_data: dict[Peer, float] = {}  # receive thread only: when each peer's data last arrived
+        self._held_messages: Counter[Peer] = Counter()  # receive thread only: each peer's incomplete messages
+        self._held_bytes: Counter[Peer] = Counter()     # and their reassembly_bytes
+        self._held_budget = max(INCOMPLETE_BYTES, 2 * self.options.max_message_bytes)
+        self._bug_reported = False
         self._next_advice = 0.0
         self._retransmits: queue.Queue[tuple[Outgoing, Sequence[int]] | None] = queue.Queue()
         self._stopped = threading.Event()
@@ -346,10 +381,16 @@ class MltTransport(Transport):
     def connect(self, dial: dict[Peer, Address], accept: dict[Peer, Address]) -> None:
         """Exchange HELLOs with every peer (dial and accept are alike for UDP) within the timeout."""
         peers = {**dial, **accept}
+        hosts = {}
         for peer, address in peers.items():
             self._names[peer] = "%s (%s)" % (peer, format_address(address))
             self._rates[peer] = RateControl(self.options.link_mbps * 1e6 / 8)
+            try:
+                hosts[peer] = socket.gethostbyname(address[0])
+            except OSError as e:
+                raise TransportError(f"{self._names[peer]}: cannot resolve its host: {e}")
         self._addresses.update(peers)
+        self._hosts.update(hosts)  # last: the receive thread takes a peer's datagrams from now on
         deadline = time.monotonic() + self.timeout
         with self._lock:
             while missing := set(peers) - self._heard:
@@ -413,6 +454,9 @@ class MltTransport(Transport):
 
     def send(self, peer: Peer, key: MessageKey, array: np.ndarray) -> None:
         self._check_peer(peer)
+        if array.nbytes > self.options.max_message_bytes:  # the receiver would drop it: a bug in computing the cap
+            raise TransportError(f"{describe_key(key)} for {self._names[peer]} has {array.nbytes} bytes, more than "
+                                 f"the job's largest message ({self.options.max_message_bytes} bytes)")
         values = np.ascontiguousarray(array)
         payload = values.reshape(-1).view(np.uint8).copy()
         marked = None
@@ -473,6 +517,10 @@ class MltTransport(Transport):
                 continue
             self.stats.datagrams_sent += 1
             self.stats.datagrams_marked += low
+        self._rearm(message)
+
+    def _rearm(self, message: Outgoing) -> None:
+        """A send pass ended (or failed): arm the probe timer; the message may be served again."""
         now = time.monotonic()
         with self._lock:
             message.busy = False
@@ -484,10 +532,23 @@ class MltTransport(Transport):
             message, fragments = item
             try:
                 self._send_pass(message, fragments, first=False)
-            except (OSError, TransportError) as e:
+            except TransportError:
+                return  # closed while sending
+            except OSError as e:
                 if not self._stopped.is_set():
                     self._fail_peer(message.peer, "could not be sent to (%s)" % e)
-                return
+            except Exception as e:
+                self._rearm(message)  # its probe timer serves it later
+                self._internal_error("a retransmission", e)
+
+    def _internal_error(self, what: str, error: Exception) -> None:
+        """A bug met while handling one datagram or retransmission: count it, say so once, carry on."""
+        self.stats.internal_errors += 1
+        if not self._bug_reported:
+            self._bug_reported = True
+            # stderr: the runner counts a worker's progress in "iteration " on its stdout
+            print(f"warning: {self.me}: mlt failed handling {what}: {error!r} (counted in internal_errors)",
+                  file=sys.stderr, flush=True)
 
     def _check_peer(self, peer: Peer) -> None:
         with self._lock:
@@ -513,8 +574,13 @@ class MltTransport(Transport):
         key = MessageKey(frame.iteration, frame.tensor, frame.step)
         with self._lock:
             message = self._outgoing.get((peer, key))
-            if message is None or frame.total != message.payload.size:
-                return  # a duplicate feedback for a message already ACKed
+            if message is None:  # mostly a duplicate feedback for a message already ACKed
+                self.stats.late_feedback += 1
+                return
+            if frame.total != message.payload.size or (frame.kind == codec.KIND_NACK
+                                                       and datagram.fragment_bytes != self._fragment_bytes):
+                self.stats.mismatched += 1  # a bitmap on another grid would name fragments we do not have
+                return
             message.deadline = now + self.timeout
             message.rto = RTO_S
             first, message.rated = not message.rated, True
@@ -523,8 +589,8 @@ class MltTransport(Transport):
                 self._lock.notify_all()
             elif not message.busy:  # a NACK; one already being served is not served twice
                 message.busy = True
-                missing = missing_fragments(datagram.payload, frame.total, datagram.fragment_bytes)
-                resend = fragments_to_resend(missing, message.marked, frame.total, datagram.fragment_bytes,
+                missing = missing_fragments(datagram.payload, frame.total, self._fragment_bytes)
+                resend = fragments_to_resend(missing, message.marked, frame.total, self._fragment_bytes,
                                              frame.total - datagram.delivered - allowed_missing_bytes(
                                                  frame.total, self.options.loss_bound))
                 self.stats.fragments_retransmitted += len(resend)
@@ -584,28 +650,43 @@ class MltTransport(Transport):
         try:
             while not self._stopped.is_set():
                 try:
-                    n = self._home.recv_into(buffer)
+                    n, (host, _) = self._home.recvfrom_into(buffer)
                 except socket.timeout:
                     n = -1
                 now = time.monotonic()
                 if n >= 0:
-                    try:
-                        self._on_datagram(codec.decode_datagram(view[:n]), now)
-                    except codec.FrameError:
-                        self.stats.ignored += 1
+                    self._on_bytes(view[:n], host, now)
                 if now >= next_tick:
                     self._tick(now)
                     next_tick = now + self._quiet_s / 2
-        except BaseException as e:  # a bug here must fail the job, not look like a silent peer
+        except BaseException as e:  # a bug in the timers must fail the job, not look like a silent peer
             if not self._stopped.is_set():
                 for peer in self._addresses:
                     self._fail_peer(peer, "is unreachable: %s receiver failed (%r)" % (self.me, e))
 
-    def _on_datagram(self, datagram: codec.Datagram, now: float) -> None:
+    def _on_bytes(self, data: memoryview, host: str, now: float) -> None:
+        """One datagram from `host`; whatever it holds, the receive thread goes on."""
+        try:
+            try:
+                datagram = codec.decode_datagram(data)
+            except codec.FrameError:
+                self.stats.malformed += 1
+                return
+            self._on_datagram(datagram, host, now)
+        except Exception as e:  # a bug, decoding included
+            self._internal_error("a datagram", e)
+
+    def _on_datagram(self, datagram: codec.Datagram, host: str, now: float) -> None:
         frame = datagram.frame
         peer = Peer(frame.role, frame.rank)
-        if frame.job != self.job or peer not in self._addresses:
-            self.stats.ignored += 1
+        # Any source port of the peer's host: its data leaves from sport_range ephemeral ports per DSCP class in
+        # use.  Binding those pools to port ranges known in advance would need a range reserved per process, and
+        # on loopback (tests, bench), where every process shares one address, such ranges could take the ports
+        # handed out to the peers.  Every other host is kept out here; other runs' processes on a peer's host
+        # (the runner reuses hosts and ports) by the job id, unique per run.
+        if frame.job != self.job or self._hosts.get(peer) != host:
+            if self._hosts:  # before connect() it is a peer's early HELLO, which the peer repeats
+                self.stats.foreign += 1
             return
         if datagram.advised_kbps:  # RATE frames, ACKs and NACKs carry the receiver's advice
             self._rates[peer].advise(datagram.advised_kbps * 125)
@@ -647,14 +728,35 @@ class MltTransport(Transport):
                         kind=codec.KIND_ACK, role=self.me.role, rank=self.me.rank, offset=0, length=0),
                         0, datagram.fragment_bytes, int(done[0])))
                 return
+            if frame.total > self.options.max_message_bytes:
+                self.stats.oversized += 1
+                return
+            footprint = reassembly_bytes(frame.total, datagram.fragment_bytes)
+            if (self._held_messages[peer] >= MAX_INCOMPLETE_MESSAGES
+                    or self._held_bytes[peer] + footprint > self._held_budget):
+                self.stats.over_budget += 1
+                return
             reassembly = self._incoming[ident] = Reassembly(frame.total, datagram.fragment_bytes, now)
-        if not reassembly.add(frame.offset, frame.total, datagram.fragment_bytes, datagram.payload, now):
+            self._held_messages[peer] += 1
+            self._held_bytes[peer] += footprint
+        try:
+            added = reassembly.add(frame.offset, frame.total, datagram.fragment_bytes, datagram.payload, now)
+        except codec.FrameError:
+            self.stats.mismatched += 1
+            return
+        if not added:
             self.stats.duplicates += 1
         elif reassembly.delivered == reassembly.total:
             self._complete(peer, key, reassembly, now)
 
+    def _release(self, peer: Peer, key: MessageKey) -> None:
+        """Forget an incomplete message (it completed or went stale) and its share of the peer's budget."""
+        reassembly = self._incoming.pop((peer, key))
+        self._held_messages[peer] -= 1
+        self._held_bytes[peer] -= reassembly_bytes(reassembly.total, reassembly.fragment_bytes)
+
     def _complete(self, peer: Peer, key: MessageKey, reassembly: Reassembly, now: float) -> None:
-        del self._incoming[(peer, key)]
+        self._release(peer, key)
         self._completed[(peer, key)] = [reassembly.delivered, now]
         if len(self._completed) > COMPLETED_MEMORY:
             self._completed.popitem(last=False)
@@ -671,7 +773,7 @@ class MltTransport(Transport):
             self._next_advice = now + ADVICE_INTERVAL_S
         for (peer, key), reassembly in list(self._incoming.items()):
             if now - reassembly.last_arrival > self.timeout:  # a stray fragment of a long-forgotten message
-                del self._incoming[(peer, key)]
+                self._release(peer, key)
                 continue
             verdict = reassembly.due(now, self.options.loss_bound, self._quiet_s)
             if verdict == "complete":

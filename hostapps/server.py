@@ -19,7 +19,7 @@ from hostapps.model import FlatModel, Sgd
 from hostapps.policies import SendLoop, Unit, make_policy, time_oracle
 from hostapps.records import Recorder
 from hostapps.transport import Peer, Transport, TransportError
-from hostapps.worker import connect_transport
+from hostapps.worker import connect_transport, largest_message_bytes
 
 
 class ParameterShard:
@@ -99,7 +99,7 @@ def run_server(cfg: RunConfig) -> dict:
     wall_start = time.time()
     model = build_model(cfg)
     recorder = Recorder(cfg.job, "server", cfg.rank)
-    transport = connect_transport(cfg, recorder)
+    transport = connect_transport(cfg, recorder, largest_message_bytes(cfg, model))
     try:
         shard = ParameterShard(cfg, transport, model, recorder)
         for it in range(cfg.iterations):
@@ -113,7 +113,7 @@ def run_server(cfg: RunConfig) -> dict:
         transport.abort()
         raise
     transport.close()
-    summary = dict(role="server", rank=cfg.rank, mode=cfg.mode, model=cfg.profile or cfg.model,
+    summary = dict(job=cfg.job, role="server", rank=cfg.rank, mode=cfg.mode, model=cfg.profile or cfg.model,
                    final_accuracy=None, iterations=cfg.iterations, param_count=int(model.params.size),
                    bytes_per_iteration=int(model.params.nbytes), shard_tensors=shard.tensors,
                    transport=transport.counters(), timing=timing.summary(),

@@ -18,7 +18,7 @@ from hostapps.collectives import (PS_PULL, PS_PUSH, Segment, assign_shards, chun
                                   ring_neighbours, ring_step_count, split_bytes)
 from hostapps.config import RunConfig, build_model
 from hostapps.data import ShardedBatches, load_split
-from hostapps.mlt import MltOptions, MltTransport
+from hostapps.mlt import DEFAULT_MAX_MESSAGE_BYTES, MltOptions, MltTransport
 from hostapps.model import FlatModel, Network, Sgd
 from hostapps.policies import Agree, SendLoop, Unit, make_policy, time_oracle
 from hostapps.records import Recorder
@@ -206,13 +206,23 @@ class PushPullSync(GradientSync):
         return self.model.layer_tensor_names()
 
 
-def connect_transport(cfg: RunConfig, recorder: Recorder) -> TcpTransport | MltTransport:
-    """Open this process's connections: ring neighbours in allreduce; every worker-server pair in ps."""
+def largest_message_bytes(cfg: RunConfig, model: FlatModel) -> int:
+    """The largest message any process of the job sends: a piece in allreduce (its ring chunks and segments
+    are smaller; bytescheduler's agreement is one int64), a layer in ps (its slices are no larger)."""
+    if cfg.mode == "allreduce":
+        return max(8, *(4 * (piece.where.stop - piece.where.start) for piece in plan_pieces(model, cfg)))
+    return 4 * max(layer.size for layer in model.layers)
+
+
+def connect_transport(cfg: RunConfig, recorder: Recorder,
+                      max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> TcpTransport | MltTransport:
+    """Open this process's connections: ring neighbours in allreduce; every worker-server pair in ps.
+    max_message_bytes: the largest message of the job (mlt drops datagrams declaring more)."""
     me = Peer(cfg.role, cfg.rank)
     listen = (cfg.workers if cfg.role == "worker" else cfg.servers)[cfg.rank]
     if cfg.transport == "mlt":
         options = MltOptions(cfg.loss_bound, cfg.sport_range, cfg.mtu_payload, cfg.quiet_ms / 1000, cfg.link_mbps,
-                             cfg.drop_marking, cfg.layer_dscp)
+                             cfg.drop_marking, cfg.layer_dscp, max_message_bytes)
         transport: TcpTransport | MltTransport = MltTransport(me, listen, cfg.job, cfg.timeout,
                                                               recorder.log_message, options)
     else:
@@ -246,7 +256,7 @@ def run_worker(cfg: RunConfig, on_iteration: Callable[[int], None] | None = None
     split = load_split(cfg.seed) if isinstance(model, Network) else None
     batches = ShardedBatches(split, cfg.batch, cfg.rank, cfg.world, cfg.seed) if split else None
     recorder = Recorder(cfg.job, "worker", cfg.rank)
-    transport = connect_transport(cfg, recorder)
+    transport = connect_transport(cfg, recorder, largest_message_bytes(cfg, model))
     sync = (AllReduceSync if cfg.mode == "allreduce" else PushPullSync)(cfg, transport, model, recorder)
     accuracy = None
     try:
@@ -276,7 +286,7 @@ def run_worker(cfg: RunConfig, on_iteration: Callable[[int], None] | None = None
         # A comm-thread failure is the root cause of whatever the compute thread then saw.
         raise sync.loop.error or e
     transport.close()
-    summary = dict(role="worker", rank=cfg.rank, mode=cfg.mode, model=cfg.profile or cfg.model,
+    summary = dict(job=cfg.job, role="worker", rank=cfg.rank, mode=cfg.mode, model=cfg.profile or cfg.model,
                    final_accuracy=accuracy, iterations=cfg.iterations, param_count=int(model.params.size),
                    bytes_per_iteration=int(model.params.nbytes), transport=transport.counters(),
                    timing=timing.summary(),

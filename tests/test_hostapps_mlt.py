@@ -1,5 +1,6 @@
 """The loss-tolerant datagram transport: pure reassembly/rate logic, wire fuzzing, loopback transports, training."""
 import errno
+import itertools
 import json
 import random
 import socket
@@ -11,6 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hostapps import codec, mlt, worker
+from hostapps.config import RunConfig, build_model
 from hostapps.mlt import (MltOptions, MltTransport, RateControl, Reassembly, fragments_to_resend,
                           least_important_fragments, missing_fragments)
 from hostapps.transport import MessageKey, Peer, TransportError
@@ -222,10 +224,10 @@ def test_random_bytes_never_crash_the_datagram_decoder(data):
     assert frame.offset + frame.length <= frame.total and len(datagram.payload) == frame.length
 
 
-def transport_pair(addresses, options=MltOptions(link_mbps=10000), drop=None, timeout=5.0):
+def transport_pair(addresses, options=MltOptions(link_mbps=10000), drop=None, timeout=5.0, job=0):
     a, b = addresses(2)
-    sender = MltTransport(SENDER, a, 0, timeout, options=options, drop=drop)
-    receiver = MltTransport(RECEIVER, b, 0, timeout, options=options)
+    sender = MltTransport(SENDER, a, job, timeout, options=options, drop=drop)
+    receiver = MltTransport(RECEIVER, b, job, timeout, options=options)
     threads = [threading.Thread(target=sender.connect, args=({RECEIVER: b}, {})),
                threading.Thread(target=receiver.connect, args=({}, {SENDER: a}))]
     for t in threads:
@@ -341,12 +343,27 @@ LOOPBACK = dict(transport="mlt", link_mbps=10000)  # loopback has no link rate: 
 
 
 def test_training_over_mlt_matches_tcp(loopback_addresses):
-    options = dict(iterations=20, batch=32, eval_every=0, width=64, depth=2, momentum=0.5)
+    # The largest job id the frame header holds: every transport carries and checks it.
+    options = dict(iterations=20, batch=32, eval_every=0, width=64, depth=2, momentum=0.5, job=2**32 - 1)
     for mode, shards, slicing in (("allreduce", 0, {}), ("ps", 2, {}), ("ps", 2, {"ps_slice_bytes": 4096})):
         tcp = run_job(loopback_addresses, 4, mode, shards, **options, **slicing)
         datagrams = run_job(loopback_addresses, 4, mode, shards, **options, **slicing, **LOOPBACK)
         for a, b in zip(tcp, datagrams):
             assert np.abs(a["model"].params - b["model"].params).max() < 1e-4
+            assert a["job"] == b["job"] == 2**32 - 1
+
+
+@pytest.mark.parametrize("changes, largest", [
+    (dict(), 16640),                                           # fc1 and fc2: 64 x 64 + 64 floats
+    (dict(fusion="ddp"), 4 * (4160 + 4160 + 650)),             # one bucket of every layer
+    (dict(policy="bytescheduler", partition_bytes=4096), 3328),  # fc1 in 5 partitions of at most 4096 bytes
+    (dict(mode="ps", servers=[("127.0.0.1", 3)]), 16640),      # a layer; its slices are smaller
+    (dict(profile="resnet50", scale=1e-9, policy="bytescheduler"), 8),  # 1-float layers: the agreement's int64
+])
+def test_the_largest_message_of_a_job_comes_from_its_model(changes, largest):
+    cfg = RunConfig(**{**dict(role="worker", rank=0, workers=[("127.0.0.1", 1), ("127.0.0.1", 2)], width=64,
+                              depth=2), **changes})
+    assert worker.largest_message_bytes(cfg, build_model(cfg)) == largest
 
 
 # 33024: the 66048-byte fc2 goes as two slices of 24 datagrams, the only messages where one lost datagram stays
@@ -370,11 +387,115 @@ def test_training_converges_with_random_loss_within_the_bound(loopback_addresses
     assert min(fractions) >= 0.95 and any(f < 1 for f in fractions)
 
 
-def test_layer_dscp_argument():
-    from hostapps.config import ConfigError, parse_layer_dscp
+def forge(to, frame: codec.Frame, fragment_bytes: int, payload: bytes = b"", source: str = "127.0.0.1",
+          delivered: int = 0) -> None:
+    """One datagram as anyone on `source` could send it to the transport listening at `to`."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind((source, 0))
+        sock.sendto(codec.encode_datagram_header(frame, 0, fragment_bytes, delivered) + payload, to)
 
-    assert parse_layer_dscp("") == {}
-    assert parse_layer_dscp("0:48,1:40,7:16") == {0: 48, 1: 40, 7: 16}
-    for bad in ("0:64", "a:1", "3", "1:-2"):
-        with pytest.raises(ConfigError, match="--layer-dscp"):
-            parse_layer_dscp(bad)
+
+def data_frame(key: MessageKey, offset: int, length: int, total: int, sender: Peer = SENDER, job: int = 0):
+    return codec.Frame(codec.KIND_DATA, sender.role, sender.rank, key.step, job, key.iteration, key.tensor,
+                       offset, length, total)
+
+
+def test_a_forged_huge_message_is_never_allocated_nor_holds_up_the_real_one(loopback_addresses, monkeypatch):
+    allocated = []
+    reassembly = mlt.Reassembly
+    monkeypatch.setattr(mlt, "Reassembly", lambda total, *args: allocated.append(total) or reassembly(total, *args))
+    values = np.arange(1000, dtype=np.float32)
+    # The job's largest message is exactly this one: a message one float larger is refused too.
+    sender, receiver = transport_pair(loopback_addresses, MltOptions(link_mbps=10000, max_message_bytes=values.nbytes),
+                                      timeout=3.0)
+    # 62 bytes from the sender's host under the real message's key, declaring 1 GiB in 1-byte fragments.
+    forge(receiver.listen_address, data_frame(KEY, 0, 1, 1 << 30), 1, b"x")
+    forge(receiver.listen_address, data_frame(KEY, 0, 4, values.nbytes + 4), 4, b"xxxx")
+    time.sleep(0.05)
+    started = time.monotonic()
+    sender.send(RECEIVER, KEY, values)
+    out = np.empty_like(values)
+    assert receiver.recv(SENDER, KEY, out) == 1.0 and np.array_equal(out, values)
+    assert time.monotonic() - started < 1.0
+    assert receiver.stats.oversized == 2 and allocated == [values.nbytes]
+    close_pair(sender, receiver)
+
+
+def test_datagrams_from_another_host_or_job_are_dropped(loopback_addresses):
+    sender, receiver = transport_pair(loopback_addresses, job=2**32 - 1)  # the largest job id the header holds
+    key = MessageKey(5, 0, 0)
+    message = data_frame(key, 0, 4, 4, job=2**32 - 1)
+    forge(receiver.listen_address, message, 4, np.float32(1).tobytes(), source="127.0.0.2")  # not the sender's host
+    forge(receiver.listen_address, message._replace(job=7), 4, np.float32(2).tobytes())  # another job
+    forge(receiver.listen_address, message._replace(rank=5), 4, np.float32(3).tobytes())  # no peer of ours
+    forge(receiver.listen_address, message, 4, np.float32(4).tobytes())  # the sender's host, any port
+    out = np.empty(1, np.float32)
+    assert receiver.recv(SENDER, key, out) == 1.0 and out[0] == 4
+    assert receiver.stats.foreign == 3 and receiver.stats.duplicates == 0
+    sender.send(RECEIVER, KEY, np.ones(10, np.float32))
+    assert receiver.recv(SENDER, KEY, np.empty(10, np.float32)) == 1.0
+    close_pair(sender, receiver)
+
+
+# Room for three 2000-byte messages (in 1400-byte fragments: 2002 bytes of memory, see reassembly_bytes), or for
+# two of them and a 4000-byte one (4003 bytes).
+@pytest.mark.parametrize("cap, value", [("MAX_INCOMPLETE_MESSAGES", 3), ("INCOMPLETE_BYTES", 2 * 2002 + 4003)])
+def test_a_peers_incomplete_messages_are_capped(loopback_addresses, monkeypatch, cap, value):
+    monkeypatch.setattr(mlt, cap, value)
+    sender, receiver = transport_pair(loopback_addresses, MltOptions(link_mbps=10000, max_message_bytes=4000))
+    stray = MessageKey(9, 0, 0)
+    for tensor in range(5):  # first fragments of 2-fragment messages whose rest does not come
+        forge(receiver.listen_address, data_frame(stray._replace(tensor=tensor), 0, 1400, 2000), 1400, bytes(1400))
+    values = np.arange(1000, dtype=np.float32)
+    sender.send(RECEIVER, KEY, values)  # its 3 fragments are refused too while three messages are held
+    time.sleep(0.05)
+    assert receiver.stats.over_budget == 5 and len(receiver._incoming) == 3
+    forge(receiver.listen_address, data_frame(stray, 1400, 600, 2000), 1400, bytes(600))  # one completes
+    out = np.empty_like(values)  # the sender's probe finds room now
+    assert receiver.recv(SENDER, KEY, out) == 1.0 and np.array_equal(out, values)
+    assert receiver.recv(SENDER, stray, np.empty(500, np.float32)) == 1.0
+    close_pair(sender, receiver)
+
+
+def test_a_nack_for_another_fragment_grid_is_dropped_and_the_message_still_delivered(loopback_addresses):
+    frames = itertools.count()
+    sender, receiver = transport_pair(loopback_addresses, drop=lambda frame: next(frames) < 3, timeout=3.0)
+    values = np.arange(1000, dtype=np.float32)  # 3 fragments of 1400 bytes, all lost on the first pass
+    sender.send(RECEIVER, KEY, values)
+    # A NACK of the message cut in 100-byte fragments, fragments 3..39 missing: beyond the sender's 3.
+    nack = codec.Frame(codec.KIND_NACK, RECEIVER.role, RECEIVER.rank, KEY.step, 0, KEY.iteration, KEY.tensor,
+                       0, 5, values.nbytes)
+    forge(sender.listen_address, nack, 100, b"\xf8" + b"\xff" * 4, delivered=300)
+    out = np.empty_like(values)  # the sender's probe re-sends the last fragment; the receiver NACKs the rest
+    assert receiver.recv(SENDER, KEY, out) == 1.0 and np.array_equal(out, values)
+    assert sender.stats.mismatched == 1 and all(thread.is_alive() for thread in sender._threads)
+    close_pair(sender, receiver)
+
+
+def fail_first(method, when=lambda *args, **kwargs: True):
+    """`method`, except that its first call for which `when` holds raises as a bug would."""
+    failed = []
+
+    def wrapper(*args, **kwargs):
+        if not failed and when(*args, **kwargs):
+            failed.append(True)
+            raise RuntimeError("a bug")
+        return method(*args, **kwargs)
+    return wrapper
+
+
+def test_a_failure_handling_one_datagram_is_counted_and_the_threads_go_on(loopback_addresses, monkeypatch, capsys):
+    sender, receiver = transport_pair(loopback_addresses, timeout=3.0)
+    monkeypatch.setattr(receiver, "_on_data", fail_first(receiver._on_data))  # as if the first fragment were lost
+    monkeypatch.setattr(sender, "_send_pass", fail_first(sender._send_pass, lambda *args, first=True: not first))
+    values = np.arange(1000, dtype=np.float32)
+    sender.send(RECEIVER, KEY, values)  # the NACK's retransmission fails once; the next NACK's goes through
+    out = np.empty_like(values)
+    assert receiver.recv(SENDER, KEY, out) == 1.0 and np.array_equal(out, values)
+    assert receiver.counters()["internal_errors"] == 1 and sender.counters()["internal_errors"] == 1
+    warnings = capsys.readouterr().err.splitlines()  # the bug is visible in the log too
+    assert warnings == ["warning: worker1: mlt failed handling a datagram: RuntimeError('a bug') (counted in "
+                        "internal_errors)", "warning: worker0: mlt failed handling a retransmission: "
+                        "RuntimeError('a bug') (counted in internal_errors)"]
+    assert all(thread.is_alive() for thread in (*sender._threads, *receiver._threads))
+    close_pair(sender, receiver)

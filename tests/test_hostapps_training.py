@@ -197,7 +197,8 @@ def test_peer_dying_mid_run_fails_the_others(loopback_addresses):
     (["--batch", "1"], "error: --batch: global batch 1 leaves workers with no data (2 workers)"),
     (["--mode", "ps", "--servers", "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004"],
      "error: --servers: 4 shards but the model has only 3 tensors, so shard 3 would hold no data"),
-    (["--workers", "nohost"], "error: --workers: bad address 'nohost' (expected host:port)"),
+    (["--transport", "mlt", "--timeout", "nan"], "error: --timeout: nan is not allowed (seconds > 0, finite)"),
+    (["--workers", "nohost"], "error: --workers: bad address 'nohost' (expected host:port, port 1..65535)"),
     (["--ps-slice-bytes", "4096"], "error: --ps-slice-bytes: slices parameter-server messages: ps mode only, "
                                    "not allreduce"),
     (["--mode", "ps", "--servers", "127.0.0.1:7001", "--ps-slice-bytes", "-4"],
