@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, strategies as st
 
 import controller.scheduling as scheduling
-from controller.priority import FlowClass, port_range_blocks
-from controller.scheduling import (DROPPABLE_DSCP, GRADIENT_DSCPS, POLICIES, Layer, Policy,
-                                   job_flow_classes, layer_dscps, parse_job, rank_to_class,
-                                   ranks_by, register)
+from controller.priority import MAX_FLOWS, FlowClass, port_range_blocks
+from controller.scheduling import (DROPPABLE_DSCP, GRADIENT_DSCPS, MAX_LAYERS, POLICIES, Layer,
+                                   Policy, job_flow_classes, job_mark_count, layer_dscps,
+                                   parse_job, rank_to_class, ranks_by, register)
 from test_controller_cli import REPO, free_port
 
 CS6, CS5, CS4, CS3, CS2 = GRADIENT_DSCPS
@@ -137,7 +137,7 @@ def flow_doc(**changes) -> dict:
 @pytest.mark.parametrize("changes, field", [
     ({"jobs": "x"}, "jobs"),
     ({"job": ""}, "job"), ({"job": 7}, "job"), ({"job": "a/b"}, "job"),
-    ({"policy": "p3"}, "policy"), ({"policy": None}, "policy"),
+    ({"policy": "p3"}, "policy"), ({"policy": None}, "policy"), ({"policy": ["x"]}, "policy"),
     ({"hosts": []}, "hosts"), ({"hosts": "10.0.0.1"}, "hosts"), ({"hosts": ["h1"]}, "hosts[0]"),
     ({"layers": []}, "layers"), ({"layers": [5]}, "layers[0]"),
     ({"layers": [layer_doc(), layer_doc()]}, "layers"),
@@ -147,8 +147,10 @@ def flow_doc(**changes) -> dict:
     ({"layers": [layer_doc(bytes=1.5)]}, "layers[0].bytes"),
     ({"layers": [layer_doc(fwd_ms=-1)]}, "layers[0].fwd_ms"),
     ({"layers": [layer_doc(bwd_ms="1")]}, "layers[0].bwd_ms"),
-    ({"layers": [layer_doc(size=1)]}, "size"),
-    ({"flows": None}, "flows"),
+    ({"layers": [layer_doc(size=1)]}, "layers[0].size"),
+    ({"layers": [layer_doc(index=i) for i in range(MAX_LAYERS + 1)]}, "layers"),
+    ({"flows": None}, "flows"), ({"flows": 5}, "flows"),
+    ({"flows": [flow_doc()] * (MAX_FLOWS + 1)}, "flows"),
     ({"flows": [flow_doc(layer=9)]}, "flows[0].layer"),
     ({"flows": [flow_doc(layer=None, layers=[0, 9])]}, "flows[0].layers"),
     ({"flows": [flow_doc(layers=[0])]}, "flows[0].layers"),
@@ -162,7 +164,7 @@ def flow_doc(**changes) -> dict:
     ({"flows": [flow_doc(dport_range=[9, 2])]}, "flows[0].dport_range"),
     ({"flows": [flow_doc(dport_range=[1, 2, 3])]}, "flows[0].dport_range"),
     ({"flows": [flow_doc(dport_range=[0, 2])]}, "flows[0].dport_range"),
-    ({"flows": [flow_doc(dscp=46)]}, "dscp"),
+    ({"flows": [flow_doc(dscp=46)]}, "flows[0].dscp"),
 ])
 def test_job_errors_name_the_field(changes, field):
     doc = job_doc(**changes)
@@ -171,6 +173,13 @@ def test_job_errors_name_the_field(changes, field):
     with pytest.raises(ValueError) as err:
         parse_job(doc)
     assert str(err.value).startswith(f"{field}: "), str(err.value)
+
+
+@given(st.lists(st.none() | st.tuples(st.integers(1, 65535), st.integers(1, 65535)), max_size=6))
+def test_job_mark_count_is_the_number_of_rewrites(ranges):
+    flows = [flow_doc() if r is None else flow_doc(dport_range=sorted(r)) for r in ranges]
+    job = parse_job(job_doc(flows=flows))
+    assert job_mark_count(job) == len(job_flow_classes(job))
 
 
 def test_job_document_must_be_an_object():
