@@ -8,6 +8,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, strategies as st
@@ -18,6 +19,7 @@ from controller.scheduling import (DROPPABLE_DSCP, GRADIENT_DSCPS, MAX_LAYERS, P
                                    Policy, job_flow_classes, job_mark_count, layer_dscps,
                                    parse_job, rank_to_class, ranks_by, register)
 from test_controller_cli import REPO, free_port
+from topologies.fabric import Fabric
 
 CS6, CS5, CS4, CS3, CS2 = GRADIENT_DSCPS
 # index, bytes, fwd_ms: layers 1 and 4 take no forward time (e.g. a flatten, a dropout).
@@ -187,7 +189,7 @@ def test_job_document_must_be_an_object():
         parse_job([job_doc()])
 
 
-# -- REST, on a real controller without switches --------------------------------------------------
+# -- REST, on a real controller without switches, through the runner's client ------------------
 @pytest.fixture(scope="module")
 def controller_rest():
     rest_port = free_port()
@@ -195,11 +197,17 @@ def controller_rest():
                              "--ofp-port", str(free_port())], cwd=REPO, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
-    def call(path: str, method: str = "GET", body=None):
-        data = body if isinstance(body, bytes) else json.dumps(body).encode() if body else None
-        req = urllib.request.Request(f"http://127.0.0.1:{rest_port}{path}", data=data,
-                                     method=method)
+    client = SimpleNamespace(rest_port=rest_port)  # what Fabric.rest uses of a Fabric
+
+    def call(path: str, method: str = "GET", body=None, **headers):
+        """A JSON document through the runner's client (Fabric.rest); bytes, or a request
+        with more headers, sent as they are."""
         try:
+            if not isinstance(body, bytes) and not headers:
+                return 200, Fabric.rest(client, path, method, body)
+            req = urllib.request.Request(f"http://127.0.0.1:{rest_port}{path}", data=body,
+                                         method=method,
+                                         headers={"Content-Type": "application/json", **headers})
             with urllib.request.urlopen(req, timeout=5) as resp:
                 return resp.status, json.loads(resp.read())
         except urllib.error.HTTPError as err:
@@ -237,7 +245,7 @@ def test_rest_jobs(controller_rest):
 
 
 @pytest.mark.parametrize("body, field", [
-    (b"{not json", "Expecting property name"),
+    (b"{not json", "body: not JSON (Expecting property name"),
     (job_doc(policy="x"), "policy: "),
     (job_doc(flows=[flow_doc(dport_range=[2, 1])]), "flows[0].dport_range: "),
 ])
@@ -245,3 +253,9 @@ def test_rest_job_errors(controller_rest, body, field):
     status, answer = controller_rest("/jobs", "POST", body)
     assert status == 400 and answer["error"].startswith(field), answer
     assert controller_rest("/jobs") == (200, [])
+
+
+def test_rest_refuses_a_foreign_host_over_the_wire(controller_rest):
+    """The Host check compares with the address the server listens on (DNS rebinding)."""
+    status, answer = controller_rest("/jobs", host="evil.example")
+    assert status == 403 and answer["error"].startswith("Host: 'evil.example'"), answer
