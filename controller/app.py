@@ -7,9 +7,11 @@ Run it with `python -m controller` (or see README for plain ryu-manager).
 """
 from __future__ import annotations
 
+import gc
 import logging
 import struct
 import time
+from typing import Iterator
 
 from ryu import cfg
 from ryu.app.wsgi import WSGIApplication
@@ -21,8 +23,8 @@ from ryu.lib.packet import arp, ethernet, ipv4, packet
 from ryu.ofproto import ofproto_v1_5
 
 import controller.flags  # noqa: F401  (registers the [fabric] options)
-from controller.priority import PROTOCOLS, FlowClass, ingress_switch
-from controller.rest import FabricRestController
+from controller.priority import MAX_MARKS, PROTOCOLS, FlowClass, ingress_switch
+from controller.rest import CapacityError, FabricRestController, cooperatively, serve
 from controller.routing import Group, Output, SwitchPlan, plan_fabric
 from controller.scheduling import Job, describe_job, job_flow_classes
 from controller.stats import PortStatsWriter
@@ -42,6 +44,7 @@ PROBE_MAGIC = b"DNNTB-PROBE"
 FLOOD_ECHO_S = 0.5
 NTR_VENDOR_ID, NTRT_SELECTION_METHOD = 0x0000154D, 1
 OFPGC_ADD_OR_MOD = 0x8000  # OVS extension: add a group or replace it, i.e. idempotent
+MAX_JOBS = 16  # registered training jobs (the runner registers one per run)
 
 
 def selection_method_prop(parser, method: str, param: int = 0):
@@ -67,7 +70,6 @@ class ErrorCounter(logging.Handler):
 
 class FabricController(app_manager.RyuApp):
     OFP_VERSIONS = [ofproto_v1_5.OFP_VERSION]
-    _CONTEXTS = {"wsgi": WSGIApplication}
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -79,6 +81,10 @@ class FabricController(app_manager.RyuApp):
         self.marks: dict[int, dict[tuple, FlowClass]] = {}  # dpid -> match key -> installed mark
         self.flow_classes: list[FlowClass] = []  # set over REST (/fabric/classes)
         self.jobs: dict[str, Job] = {}
+        self.job_classes: dict[str, list[FlowClass]] = {}  # job id -> its rewrites
+        # Bumped whenever the wanted marks may change; apply_marks starts over when it moved.
+        self.marks_epoch = 0
+        self._wanted: tuple[int, dict[int | None, dict[tuple, FlowClass]]] = (-1, {})
         self.recent_floods: dict[tuple[str, str], float] = {}
         self.port_stats: dict[int, dict[int, dict]] = {}
         self.group_stats: dict[int, dict[int, list[int]]] = {}
@@ -87,10 +93,22 @@ class FabricController(app_manager.RyuApp):
         self.stats_writer = PortStatsWriter(conf.stats_csv) if conf.stats_csv else None
         self.stats_interval = conf.stats_interval
         self.probe_interval = conf.probe_interval
-        kwargs["wsgi"].register(FabricRestController, {"fabric": self})
+        # Our own WSGI app and server, not Ryu's "wsgi" context: Ryu starts that server with
+        # no connection limits or timeouts (see controller/rest.py).
+        self.wsgi = WSGIApplication()
+        self.wsgi.register(FabricRestController, {"fabric": self})
         self.threads.append(hub.spawn(self._probe_loop))
         self.threads.append(hub.spawn(self._stats_loop))
         LOG.info("fabric controller up: lb=%s", self.lb)
+
+    def start(self) -> None:
+        super().start()
+        conf = cfg.CONF
+        self.threads.append(serve(self.wsgi, conf.wsapi_host, conf.wsapi_port))
+        # The ~140k objects of Ryu's and our modules live as long as the process; a full
+        # garbage collection walking them held everything (OpenFlow, REST) for 60-100 ms.
+        gc.collect()
+        gc.freeze()
 
     # -- OpenFlow helpers ---------------------------------------------------------------------
     @staticmethod
@@ -316,7 +334,8 @@ class FabricController(app_manager.RyuApp):
     def recompute(self) -> None:
         """Plan every switch from the view and send each only what changed."""
         plans = plan_fabric(self.view, self.lb)
-        for dpid, dp in self.datapaths.items():
+        self.marks_epoch += 1  # a host may have moved to another switch
+        for dpid, dp in list(self.datapaths.items()):
             self.apply_plan(dp, plans.get(dpid, SwitchPlan()))
             self.apply_marks(dp)
 
@@ -341,56 +360,95 @@ class FabricController(app_manager.RyuApp):
     def all_flow_classes(self) -> list[FlowClass]:
         """The REST marks, then every job's (a later class for one match replaces an earlier)."""
         merged = {f.match_key(): f for f in self.flow_classes}
-        merged.update((f.match_key(), f) for job in self.jobs.values()
-                      for f in job_flow_classes(job))
+        merged.update((f.match_key(), f) for classes in self.job_classes.values() for f in classes)
         return list(merged.values())
 
+    def wanted_marks(self) -> dict[int | None, dict[tuple, FlowClass]]:
+        """Every mark by the switch it goes on (None: source not learnt), once per epoch."""
+        epoch, wanted = self._wanted
+        if epoch != self.marks_epoch:
+            wanted = {}
+            for f in self.all_flow_classes():
+                wanted.setdefault(ingress_switch(self.view, f), {})[f.match_key()] = f
+            self._wanted = (self.marks_epoch, wanted)
+        return wanted
+
     def apply_marks(self, dp) -> None:
-        """Install the DSCP marks of flows whose source host attaches to this switch."""
+        """Install the DSCP marks of flows whose source host attaches to this switch, remove
+        the others. Thousands of flow-mods take long: it yields meanwhile (so does Ryu's send
+        queue when full), and starts over when the wanted marks changed in between (another
+        request, a host that moved) or stops when the switch left."""
         parser = dp.ofproto_parser
-        wanted = {f.match_key(): f for f in self.all_flow_classes()
-                  if ingress_switch(self.view, f) == dp.id}
-        have = self.marks.setdefault(dp.id, {})
-        for key, flow in wanted.items():
-            if have.get(key) != flow:  # same match and priority: OFPFC_ADD replaces the mark
-                self.add_flow(dp, CLASSIFY_TABLE, self.mark_priority(flow),
-                              self.mark_match(parser, flow),
-                              [parser.OFPActionSetField(ip_dscp=flow.dscp)], goto=FORWARD_TABLE)
-                have[key] = flow
-        for key in have.keys() - wanted.keys():
-            flow = have.pop(key)
-            self.delete_flow(dp, CLASSIFY_TABLE, self.mark_priority(flow),
-                             self.mark_match(parser, flow))
+        while self.datapaths.get(dp.id) is dp:
+            epoch = self.marks_epoch
+            wanted = self.wanted_marks().get(dp.id, {})
+            have = self.marks.setdefault(dp.id, {})
+            changes = [key for key, flow in wanted.items() if have.get(key) != flow]
+            changes += [key for key in have if key not in wanted]
+            for key in cooperatively(changes):
+                if self.marks_epoch != epoch or self.datapaths.get(dp.id) is not dp:
+                    break
+                flow = wanted.get(key)
+                if flow is not None and have.get(key) != flow:
+                    # Same match and priority: OFPFC_ADD replaces the mark.
+                    self.add_flow(dp, CLASSIFY_TABLE, self.mark_priority(flow),
+                                  self.mark_match(parser, flow),
+                                  [parser.OFPActionSetField(ip_dscp=flow.dscp)],
+                                  goto=FORWARD_TABLE)
+                    have[key] = flow
+                elif flow is None and (old := have.pop(key, None)) is not None:
+                    self.delete_flow(dp, CLASSIFY_TABLE, self.mark_priority(old),
+                                     self.mark_match(parser, old))
+            else:
+                return
+
+    def marks_changed(self) -> None:
+        """Bring every switch's marks to the wanted ones (after a REST or job change)."""
+        self.marks_epoch += 1
+        for dp in list(self.datapaths.values()):
+            self.apply_marks(dp)
+
+    def check_marks(self, rest: int, jobs: int) -> None:
+        """Refuse a change that would leave more than MAX_MARKS marks in all."""
+        if rest + jobs > MAX_MARKS:
+            raise CapacityError(f"flows: {rest} REST marks and {jobs} of jobs would be kept, "
+                                f"more than the {MAX_MARKS} allowed (DELETE some first)")
 
     # -- API used by REST and later policies ----------------------------------------------------
     def set_flow_classes(self, flows: list[FlowClass], replace: bool = False) -> None:
-        """Mark flows with a DSCP; a flow with the same match as an earlier one replaces it."""
+        """Mark flows with a DSCP; a flow with the same match as an earlier one replaces it.
+        Raises CapacityError (nothing changed) past MAX_MARKS."""
         merged = {} if replace else {f.match_key(): f for f in self.flow_classes}
         merged.update((f.match_key(), f) for f in flows)
+        self.check_marks(len(merged), sum(map(len, self.job_classes.values())))
         self.flow_classes = list(merged.values())
-        for dp in self.datapaths.values():
-            self.apply_marks(dp)
+        self.marks_changed()
 
     def remove_flow_classes(self, flows: list[FlowClass] | None = None) -> None:
         """Unmark the given flows (matched by addresses and ports), or all of them."""
         drop = None if flows is None else {f.match_key() for f in flows}
         self.flow_classes = [] if drop is None else [
             f for f in self.flow_classes if f.match_key() not in drop]
-        for dp in self.datapaths.values():
-            self.apply_marks(dp)
+        self.marks_changed()
 
     def register_job(self, job: Job) -> None:
-        """Schedule a training job's flows by its policy (a job of the same id is replaced)."""
-        self.jobs[job.job] = job
-        for dp in self.datapaths.values():
-            self.apply_marks(dp)
+        """Schedule a training job's flows by its policy (a job of the same id is replaced).
+        Raises CapacityError (nothing changed) past MAX_JOBS or MAX_MARKS."""
+        if job.job not in self.jobs and len(self.jobs) >= MAX_JOBS:
+            raise CapacityError(f"job: {MAX_JOBS} jobs are registered, the most allowed "
+                                "(DELETE /jobs/<id> first)")
+        classes = job_flow_classes(job)
+        self.check_marks(len(self.flow_classes), len(classes) + sum(
+            len(c) for other, c in self.job_classes.items() if other != job.job))
+        self.jobs[job.job], self.job_classes[job.job] = job, classes
+        self.marks_changed()
 
     def remove_job(self, job_id: str) -> bool:
         """Unmark a job's flows; False when no such job is registered."""
         if self.jobs.pop(job_id, None) is None:
             return False
-        for dp in self.datapaths.values():
-            self.apply_marks(dp)
+        del self.job_classes[job_id]
+        self.marks_changed()
         return True
 
     # -- statistics ---------------------------------------------------------------------------
@@ -463,8 +521,9 @@ class FabricController(app_manager.RyuApp):
                                            if (d := ingress_switch(self.view, f)) in self.view.switches
                                            else None)} for f in self.flow_classes]
 
-    def describe_jobs(self) -> list[dict]:
-        return [describe_job(job) for job in self.jobs.values()]
+    def describe_jobs(self) -> Iterator[dict]:
+        """Each job as GET /jobs shows it, one at a time (REST yields in between)."""
+        return (describe_job(job) for job in list(self.jobs.values()))
 
     def describe_ports(self) -> list[dict]:
         return [row for ports in self.port_stats.values() for row in ports.values()]

@@ -8,12 +8,34 @@ FlowClass rules; this module only validates and places them.
 from __future__ import annotations
 
 import ipaddress
+import reprlib
 from dataclasses import dataclass
 
 from controller.topology import FabricView
 
 PROTOCOLS = {"tcp": 6, "udp": 17}
 PORT_BITS = 16
+# Flows in one request (POST/DELETE /fabric/classes, a job's flows): thousands of connections
+# is far beyond a testbed job, and parsing the most allowed takes tens of milliseconds.
+MAX_FLOWS = 4096
+# Marks the controller keeps in all (REST marks plus every job's rewrites, a port range counting
+# one per aligned block): each is a flow entry on a switch, re-planned on every fabric change.
+MAX_MARKS = 16384
+FLOW_CLASS_FIELDS = ("src", "dst", "dscp", "proto", "sport", "dport")
+
+_shown = reprlib.Repr()  # input quoted in an error stays one short line, however big or deep
+_shown.maxstring = _shown.maxother = _shown.maxlong = 40
+_shown.maxlevel, _shown.maxlist, _shown.maxdict = 2, 4, 4
+
+
+def shown(value: object) -> str:
+    """`value` as an error message quotes it: its repr, cut short."""
+    return _shown.repr(value)
+
+
+def field(at: str, name: str) -> str:
+    """The path of field `name` of the object at path `at` ("" for the document itself)."""
+    return f"{at}.{name}" if at else name
 
 
 def parse_ipv4(name: str, value: object) -> str:
@@ -23,7 +45,7 @@ def parse_ipv4(name: str, value: object) -> str:
             raise ValueError
         ipaddress.IPv4Address(value)
     except ValueError:
-        raise ValueError(f"{name}: {value!r} is not allowed "
+        raise ValueError(f"{name}: {shown(value)} is not allowed "
                          "(an IPv4 address such as \"10.0.0.1\")") from None
     return value
 
@@ -31,13 +53,20 @@ def parse_ipv4(name: str, value: object) -> str:
 def parse_int(name: str, value: object, lo: int, hi: int) -> int:
     """An integer (not a bool, not a float) in lo..hi; the error names the field."""
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ValueError(f"{name}: {value!r} is not allowed (an integer {lo}..{hi})")
+        raise ValueError(f"{name}: {shown(value)} is not allowed (an integer {lo}..{hi})")
+    return value
+
+
+def parse_bool(name: str, value: object) -> bool:
+    """A JSON boolean: "false", 0 and null are refused, not taken for false or true."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}: {shown(value)} is not allowed (true or false)")
     return value
 
 
 def parse_proto(name: str, value: object) -> str:
     if not isinstance(value, str) or value not in PROTOCOLS:
-        raise ValueError(f"{name}: {value!r} is not allowed (tcp or udp)")
+        raise ValueError(f"{name}: {shown(value)} is not allowed (tcp or udp)")
     return value
 
 
@@ -45,13 +74,26 @@ def parse_port(name: str, value: object) -> int:
     return parse_int(name, value, 1, (1 << PORT_BITS) - 1)
 
 
-def check_fields(data: object, what: str, allowed: tuple[str, ...]) -> dict:
-    """`data` must be an object whose keys are among `allowed`."""
+def parse_list(name: str, value: object, most: int, may_be_empty: bool = False) -> list:
+    """A JSON array of at most `most` items (non-empty unless `may_be_empty`)."""
+    if not isinstance(value, list) or not (value or may_be_empty):
+        raise ValueError(f"{name}: {shown(value)} is not allowed "
+                         f"(a {'' if may_be_empty else 'non-empty '}list)")
+    if len(value) > most:
+        raise ValueError(f"{name}: {len(value)} items is more than the {most} allowed")
+    return value
+
+
+def check_fields(data: object, at: str, allowed: tuple[str, ...], what: str = "body") -> dict:
+    """`data`, the object at path `at` ("" for a whole document, named `what` in errors), must
+    be an object whose keys are among `allowed`."""
     if not isinstance(data, dict):
-        raise ValueError(f"{what}: expected an object with {', '.join(allowed)}")
+        raise ValueError(f"{at or what}: expected an object with {', '.join(allowed)}, "
+                         f"not {shown(data)}")
     unknown = set(data) - set(allowed)
     if unknown:
-        raise ValueError(f"{sorted(unknown)[0]}: unknown field (allowed: {', '.join(allowed)})")
+        raise ValueError(f"{field(at, sorted(unknown)[0])}: unknown field "
+                         f"(allowed: {', '.join(allowed)})")
     return data
 
 
@@ -85,20 +127,22 @@ class FlowClass:
     in_dscp: int | None = None
 
     @classmethod
-    def from_dict(cls, data: dict) -> "FlowClass":
-        """Build from REST/JSON input; every error names the field and what is allowed."""
-        check_fields(data, "flow", ("src", "dst", "dscp", "proto", "sport", "dport"))
-        src, dst = parse_ipv4("src", data.get("src")), parse_ipv4("dst", data.get("dst"))
-        dscp = parse_int("dscp", data.get("dscp"), 0, 63)
+    def from_dict(cls, data: object, at: str = "") -> "FlowClass":
+        """Build from REST/JSON input, the object at path `at` (e.g. "flows[2]"); every error
+        names the field and what is allowed."""
+        check_fields(data, at, FLOW_CLASS_FIELDS, "flow")
+        src = parse_ipv4(field(at, "src"), data.get("src"))
+        dst = parse_ipv4(field(at, "dst"), data.get("dst"))
+        dscp = parse_int(field(at, "dscp"), data.get("dscp"), 0, 63)
         proto = data.get("proto")
         if proto is not None:
-            parse_proto("proto", proto)
+            parse_proto(field(at, "proto"), proto)
         for name in ("sport", "dport"):
             if data.get(name) is None:
                 continue
             if proto is None:
-                raise ValueError(f"{name}: needs proto (tcp or udp)")
-            parse_port(name, data[name])
+                raise ValueError(f"{field(at, name)}: needs proto (tcp or udp)")
+            parse_port(field(at, name), data[name])
         return cls(src, dst, dscp, proto, data.get("sport"), data.get("dport"))
 
     def match_key(self) -> tuple:
@@ -108,6 +152,12 @@ class FlowClass:
 
     def to_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+def parse_flow_classes(name: str, value: object) -> list[FlowClass]:
+    """The flows of a /fabric/classes request: a list of at most MAX_FLOWS flow objects."""
+    return [FlowClass.from_dict(flow, f"{name}[{i}]")
+            for i, flow in enumerate(parse_list(name, value, MAX_FLOWS, may_be_empty=True))]
 
 
 def class_selector(dscp: int) -> int:

@@ -5,31 +5,218 @@ GET  /fabric/groups       select groups per switch with their buckets and bucket
 GET  /fabric/ports        the latest port statistics
 GET  /fabric/classes      the per-flow DSCP marks and the switch each is installed on
 POST /fabric/classes      {"flows": [{src, dst, dscp, proto?, sport?, dport?}], "replace": false}
-DELETE /fabric/classes    {"flows": [...]} unmarks those; no body unmarks all
+DELETE /fabric/classes    {"flows": [...]} unmarks those; no body (or {}) unmarks all
 GET  /jobs                the registered training jobs: policy, DSCP per layer, the rewrites
 POST /jobs                {"job", "policy", "hosts", "layers", "flows"} (controller/scheduling.py)
                           registers or replaces a job; answers with the job as GET shows it
 DELETE /jobs/<id>         unregisters a job and unmarks its flows (404 when unknown)
+
+Only this machine's clients may use it, and only on purpose: the Host header must name the
+address the API listens on (or localhost) with its port, and an Origin header, when a browser
+sends one, must be this API's own (403 otherwise: DNS rebinding, cross-site pages). A body
+must be JSON sent as `application/json` with a Content-Length (415, 411), a POST always
+carries one. What is refused gets one line of JSON, `{"error": "<field>: <problem>"}`: 400
+for a malformed document, 413 for one over MAX_BODY_BYTES, 409 when the controller holds the
+most jobs or marks it allows, 404 for an unknown job, 500 (logged) for a bug.
 """
 from __future__ import annotations
 
 import json
+import logging
+import re
+import resource
+import time
+from typing import Callable, Iterable, Iterator, TypeVar
 
-from ryu.app.wsgi import ControllerBase, Response, route
+import eventlet.wsgi
+from ryu.app.wsgi import ControllerBase, Response, WSGIApplication, route
+from ryu.lib import hub
 
-from controller.priority import FlowClass
+from controller.priority import FlowClass, check_fields, parse_bool, parse_flow_classes, shown
 from controller.scheduling import describe_job, parse_job
 
+LOG = logging.getLogger("fabric.rest")
+T = TypeVar("T")
 
-def _json(body, status: int = 200) -> Response:
+MAX_BODY_BYTES = 1 << 20  # a job with the most layers and flows allowed takes ~0.7 MiB
+MAX_JSON_DEPTH = 8        # the deepest valid document nests 4 levels (job, flows, a flow, layers)
+# The HTTP server. Ryu starts eventlet's with no options: 1024 connections at once, none ever
+# timed out (1024 idle clients hang the API for good) and a 500's traceback sent to the client.
+CLIENT_TIMEOUT_S = 2.0    # to send a request or take an answer; an idle connection is closed
+MAX_CONNECTIONS = 1024    # at once, and at most half the process's file descriptors (see serve)
+YIELD_EVERY_S = 0.01      # a long loop of a request yields to the OpenFlow side this often
+
+
+class CapacityError(Exception):
+    """A well-formed request that would take the controller past one of its limits (409)."""
+
+
+class Refusal(Exception):
+    """The request is answered with `status` and the one-line error `{"error": message}`."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def serve(app: WSGIApplication, host: str, port: int, timeout_s: float = CLIENT_TIMEOUT_S,
+          connections: int = MAX_CONNECTIONS) -> eventlet.greenthread.GreenThread:
+    """Serve `app` on host:port in a green thread; raises at once when the port is taken."""
+    sock = hub.listen((host, port))
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY:  # accept() failing with EMFILE stops eventlet's server
+        connections = min(connections, soft // 2)
+    # keepalive=False: the read of a request line times out after socket_timeout, not never.
+    return hub.spawn(eventlet.wsgi.server, sock, app, log=LOG, max_size=connections,
+                     socket_timeout=timeout_s, keepalive=False, debug=False)
+
+
+def _json(body: object, status: int = 200) -> Response:
     return Response(status=status, content_type="application/json", charset="utf-8",
                     body=json.dumps(body, sort_keys=True).encode())
 
 
+def cooperatively(items: Iterable[T]) -> Iterator[T]:
+    """The items, yielding to the other green threads (the OpenFlow side among them) whenever
+    YIELD_EVERY_S passed since the last yield: a long loop of a request does not hold them."""
+    last = time.monotonic()
+    for item in items:
+        yield item
+        if time.monotonic() - last >= YIELD_EVERY_S:
+            hub.sleep(0)
+            last = time.monotonic()
+
+
+def _json_list(items: Iterable[object]) -> Response:
+    """A JSON array, encoded item by item (cooperatively)."""
+    parts = [json.dumps(item, sort_keys=True) for item in cooperatively(items)]
+    return Response(content_type="application/json", charset="utf-8",
+                    body=f"[{', '.join(parts)}]".encode())
+
+
+# -- checks of every request ----------------------------------------------------------------------
+def check_origin(req) -> None:
+    """The Host header must name the address the server listens on, 127.0.0.1 or localhost,
+    with its port: a DNS name an attacker rebound to 127.0.0.1 is refused. A browser's Origin
+    header, when present, must be this API's own: a page of another site is refused."""
+    port = req.environ["SERVER_PORT"]
+    hosts = {f"{name}:{port}" for name in (req.environ["SERVER_NAME"], "127.0.0.1", "localhost")}
+    host = req.environ.get("HTTP_HOST", "")
+    if host.lower() not in hosts:
+        raise Refusal(403, f"Host: {shown(host)} is not allowed ({' or '.join(sorted(hosts))})")
+    origin = req.environ.get("HTTP_ORIGIN")
+    if origin is not None and origin.lower() not in {f"http://{h}" for h in hosts}:
+        raise Refusal(403, f"Origin: {shown(origin)} is not allowed (none, or "
+                           f"{' or '.join(sorted(f'http://{h}' for h in hosts))})")
+
+
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_INNERMOST = re.compile(r"\[[^\[\]{}]*\]|\{[^\[\]{}]*\}")
+
+
+def nesting_exceeds(text: str, most: int) -> bool:
+    """True when the JSON text nests arrays and objects more than `most` deep. Strings removed,
+    each pass drops the innermost level everywhere; all in `re`, so a megabyte of `[[],[],...`
+    costs milliseconds where walking the parsed document would take a third of a second."""
+    text = _STRING.sub("", text)
+    for _ in range(most):
+        text, dropped = _INNERMOST.subn("", text)
+        if not dropped:  # all dropped, or unbalanced (not JSON: json.loads tells)
+            return False
+    return "[" in text or "{" in text
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    document = {}
+    for key, value in pairs:
+        if key in document:
+            raise ValueError(f"key {shown(key)} appears twice in an object")
+        document[key] = value
+    return document
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not allowed (JSON has no NaN or Infinity)")
+
+
+def read_body(req) -> bytes:
+    """The request's body; refuses (411, 413) a chunked one and one over MAX_BODY_BYTES."""
+    if "HTTP_TRANSFER_ENCODING" in req.environ:  # webob would read a chunked body as none
+        raise Refusal(411, "body: send it with a Content-Length (no Transfer-Encoding)")
+    if req.content_length is not None and req.content_length > MAX_BODY_BYTES:
+        raise Refusal(413, f"body: {req.content_length} bytes is more than the "
+                           f"{MAX_BODY_BYTES} allowed")
+    return req.body_file.read()  # Content-Length bytes
+
+
+def json_document(req, body: bytes) -> object:
+    """The JSON document in the request's `body`; refuses one not sent as application/json
+    (415) and one that is not a JSON document (400)."""
+    content_type = (req.content_type or "").lower()
+    if content_type != "application/json":  # what a cross-site form or fetch cannot send
+        raise Refusal(415, f"Content-Type: {shown(content_type or None)} is not allowed "
+                           "(application/json)")
+    try:
+        text = body.decode("utf-8")
+        if nesting_exceeds(text, MAX_JSON_DEPTH):
+            raise Refusal(400, f"body: nested deeper than {MAX_JSON_DEPTH} levels")
+        hub.sleep(0)  # the check, the parse, and what reads the document take ~10-40 ms each
+        document = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+        hub.sleep(0)
+        return document
+    except UnicodeDecodeError as err:
+        raise Refusal(400, f"body: not UTF-8 ({err})") from None
+    except json.JSONDecodeError as err:
+        raise Refusal(400, f"body: not JSON ({err})") from None
+    except RecursionError:
+        raise Refusal(400, f"body: nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as err:  # a duplicate key, NaN, an integer of 4300+ digits
+        raise Refusal(400, f"body: {err}") from None
+
+
+def parsed(parse: Callable[..., T], *args: object) -> T:
+    """`parse(*args)`, its ValueError (which names the field) refused with 400."""
+    try:
+        return parse(*args)
+    except ValueError as err:
+        raise Refusal(400, str(err)) from None
+
+
+# -- the documents of /fabric/classes ------------------------------------------------------------
+def parse_marking(document: object) -> tuple[list[FlowClass], bool]:
+    """The body of `POST /fabric/classes`: the flows to mark and whether they replace all."""
+    check_fields(document, "", ("flows", "replace"))
+    return (parse_flow_classes("flows", document.get("flows", [])),
+            parse_bool("replace", document.get("replace", False)))
+
+
+def parse_unmarking(document: object) -> list[FlowClass] | None:
+    """The body of `DELETE /fabric/classes`: the flows to unmark, None ({}) for all of them."""
+    check_fields(document, "", ("flows",))
+    return parse_flow_classes("flows", document["flows"]) if "flows" in document else None
+
+
 class FabricRestController(ControllerBase):
+    """Every handler runs under `__call__`'s checks. Between the stages of a request (parse,
+    change, answer) it yields to the other green threads: one stage of the largest request
+    allowed takes at most a few tens of milliseconds."""
+
     def __init__(self, req, link, data, **config):
         super().__init__(req, link, data, **config)
         self.fabric = data["fabric"]
+
+    def __call__(self, req):
+        try:
+            check_origin(req)
+            return super().__call__(req)
+        except Refusal as refusal:
+            return _json({"error": str(refusal)}, refusal.status)
+        except CapacityError as err:
+            return _json({"error": str(err)}, 409)
+        except Exception:  # a bug: one logged traceback, one line to the client
+            LOG.exception("REST %s %s failed", req.method, req.path)
+            return _json({"error": f"internal error in {req.method} {req.path} "
+                                   "(see the controller log)"}, 500)
 
     @route("fabric", "/fabric", methods=["GET"])
     def get_fabric(self, req, **_):
@@ -41,47 +228,45 @@ class FabricRestController(ControllerBase):
 
     @route("fabric", "/fabric/ports", methods=["GET"])
     def get_ports(self, req, **_):
-        return _json(self.fabric.describe_ports())
+        return _json_list(self.fabric.describe_ports())
 
     @route("fabric", "/fabric/classes", methods=["GET"])
     def get_classes(self, req, **_):
-        return _json(self.fabric.describe_flow_classes())
+        return _json_list(self.fabric.describe_flow_classes())
 
     @route("fabric", "/fabric/classes", methods=["POST"])
     def post_classes(self, req, **_):
-        try:
-            body = json.loads(req.body or b"{}")
-            flows = [FlowClass.from_dict(f) for f in body.get("flows", [])]
-        except (ValueError, AttributeError) as err:
-            return _json({"error": str(err)}, status=400)
-        self.fabric.set_flow_classes(flows, replace=bool(body.get("replace", False)))
-        return _json(self.fabric.describe_flow_classes())
+        flows, replace = parsed(parse_marking, json_document(req, read_body(req)))
+        hub.sleep(0)
+        self.fabric.set_flow_classes(flows, replace=replace)
+        return _json_list(self.fabric.describe_flow_classes())
 
     @route("fabric", "/fabric/classes", methods=["DELETE"])
     def delete_classes(self, req, **_):
-        try:
-            body = json.loads(req.body or b"{}")
-            flows = [FlowClass.from_dict(f) for f in body["flows"]] if "flows" in body else None
-        except (ValueError, AttributeError, TypeError) as err:
-            return _json({"error": str(err)}, status=400)
+        body = read_body(req)  # none: unmark all
+        flows = parsed(parse_unmarking, json_document(req, body)) if body else None
+        hub.sleep(0)
         self.fabric.remove_flow_classes(flows)
-        return _json(self.fabric.describe_flow_classes())
+        return _json_list(self.fabric.describe_flow_classes())
 
     @route("jobs", "/jobs", methods=["GET"])
     def get_jobs(self, req, **_):
-        return _json(self.fabric.describe_jobs())
+        return _json_list(self.fabric.describe_jobs())
 
     @route("jobs", "/jobs", methods=["POST"])
     def post_job(self, req, **_):
-        try:
-            job = parse_job(json.loads(req.body or b"{}"))
-        except ValueError as err:  # json's JSONDecodeError is a ValueError
-            return _json({"error": str(err)}, status=400)
+        job = parsed(parse_job, json_document(req, read_body(req)))
+        hub.sleep(0)
         self.fabric.register_job(job)
-        return _json(describe_job(job))
+        hub.sleep(0)
+        described = describe_job(job)
+        hub.sleep(0)
+        return _json(described)
 
     @route("jobs", "/jobs/{job_id}", methods=["DELETE"])
     def delete_job(self, req, job_id, **_):
+        if read_body(req):
+            raise Refusal(400, "body: not allowed (DELETE /jobs/<id> takes none)")
         if not self.fabric.remove_job(job_id):
-            return _json({"error": f"job: {job_id!r} is not registered"}, status=404)
-        return _json(self.fabric.describe_jobs())
+            raise Refusal(404, f"job: {shown(job_id)} is not registered")
+        return _json_list(self.fabric.describe_jobs())

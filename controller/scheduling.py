@@ -21,8 +21,9 @@ import itertools
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Sequence
 
-from controller.priority import (FlowClass, check_fields, parse_int, parse_ipv4, parse_port,
-                                 parse_proto, port_range_blocks)
+from controller.priority import (MAX_FLOWS, MAX_MARKS, FlowClass, check_fields, parse_int,
+                                 parse_ipv4, parse_list, parse_port, parse_proto,
+                                 port_range_blocks, shown)
 
 GRADIENT_DSCPS = (48, 40, 32, 24, 16)  # CS6..CS2, most urgent first
 DEFAULT_DSCP = 0                       # CS0
@@ -32,6 +33,10 @@ DROPPABLE_DSCP = 8                     # CS1: the short-queued class the control
 JOB_FIELDS = ("job", "policy", "hosts", "layers", "flows")
 LAYER_FIELDS = ("index", "name", "bytes", "fwd_ms", "bwd_ms")
 FLOW_FIELDS = ("layer", "layers", "src", "dst", "proto", "sport", "dport", "dport_range")
+# Layers in one job: real models have hundreds of parameter tensors; ranking the most allowed
+# takes a few milliseconds.
+MAX_LAYERS = 4096
+MAX_HOSTS = 1024  # hosts in one job (each gets one mark, for its lower-effort datagrams)
 
 
 @dataclass(frozen=True)
@@ -177,17 +182,11 @@ def job_flow_classes(job: Job) -> list[FlowClass]:
 
 
 # -- parsing the REST job document ----------------------------------------------------------------
-def _parse_list(name: str, value: object, may_be_empty: bool = False) -> list:
-    if not isinstance(value, list) or not (value or may_be_empty):
-        raise ValueError(f"{name}: {value!r} is not allowed (a {'' if may_be_empty else 'non-empty '}list)")
-    return value
-
-
 def _parse_ms(name: str, value: object) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e9:
-        raise ValueError(f"{name}: {value!r} is not allowed (milliseconds >= 0)")
+        raise ValueError(f"{name}: {shown(value)} is not allowed (milliseconds >= 0)")
     return float(value)
 
 
@@ -195,14 +194,14 @@ def parse_layer(data: object, at: str) -> Layer:
     check_fields(data, at, LAYER_FIELDS)
     name = data.get("name")
     if not isinstance(name, str) or not name:
-        raise ValueError(f"{at}.name: {name!r} is not allowed (a non-empty string)")
+        raise ValueError(f"{at}.name: {shown(name)} is not allowed (a non-empty string)")
     return Layer(parse_int(f"{at}.index", data.get("index"), 0, 1_000_000), name,
                  parse_int(f"{at}.bytes", data.get("bytes"), 0, 1 << 40),
                  _parse_ms(f"{at}.fwd_ms", data.get("fwd_ms")),
                  _parse_ms(f"{at}.bwd_ms", data.get("bwd_ms")))
 
 
-def parse_flow(data: object, at: str, hosts: tuple[str, ...], indices: set[int]) -> JobFlow:
+def parse_flow(data: object, at: str, hosts: frozenset[str], indices: frozenset[int]) -> JobFlow:
     check_fields(data, at, FLOW_FIELDS)
     if "layer" in data and "layers" in data:
         raise ValueError(f"{at}.layers: give layer or layers, not both")
@@ -210,16 +209,17 @@ def parse_flow(data: object, at: str, hosts: tuple[str, ...], indices: set[int])
         layers = [parse_int(f"{at}.layer", data["layer"], 0, 1_000_000)]
     elif "layers" in data:
         layers = [parse_int(f"{at}.layers", i, 0, 1_000_000)
-                  for i in _parse_list(f"{at}.layers", data["layers"])]
+                  for i in parse_list(f"{at}.layers", data["layers"], MAX_LAYERS)]
     else:
         layers = sorted(indices)  # a connection carrying every layer
     unknown = [i for i in layers if i not in indices]
     if unknown:
         field = "layer" if "layer" in data else "layers"
         raise ValueError(f"{at}.{field}: layer {unknown[0]} is not in the layer table")
-    src, dst = (parse_ipv4(f"{at}.{end}", data.get(end)) for end in ("src", "dst"))
+    src, dst = data.get("src"), data.get("dst")
     for end, address in (("src", src), ("dst", dst)):
-        if address not in hosts:
+        if not (isinstance(address, str) and address in hosts):  # the hosts are valid addresses
+            parse_ipv4(f"{at}.{end}", address)
             raise ValueError(f"{at}.{end}: {address} is not one of the job's hosts")
     proto = parse_proto(f"{at}.proto", data.get("proto"))
     sport = None if data.get("sport") is None else parse_port(f"{at}.sport", data["sport"])
@@ -230,36 +230,52 @@ def parse_flow(data: object, at: str, hosts: tuple[str, ...], indices: set[int])
     elif data.get("dport_range") is not None:
         bounds = data["dport_range"]
         if not isinstance(bounds, list) or len(bounds) != 2:
-            raise ValueError(f"{at}.dport_range: {bounds!r} is not allowed ([lo, hi])")
+            raise ValueError(f"{at}.dport_range: {shown(bounds)} is not allowed ([lo, hi])")
         lo, hi = (parse_port(f"{at}.dport_range", port) for port in bounds)
         if lo > hi:
-            raise ValueError(f"{at}.dport_range: {bounds!r} is not allowed (lo <= hi)")
+            raise ValueError(f"{at}.dport_range: {shown(bounds)} is not allowed (lo <= hi)")
     else:
         lo = hi = None
     return JobFlow(tuple(layers), src, dst, proto, sport, lo, hi)
 
 
+def job_mark_count(job: Job) -> int:
+    """How many marks `job_flow_classes` makes of the job, without making them."""
+    return len(job.hosts) + sum(1 if flow.dport_lo is None else
+                                len(port_range_blocks(flow.dport_lo, flow.dport_hi))
+                                for flow in job.flows)
+
+
 def parse_job(data: object) -> Job:
     """The job document of `POST /jobs`; every error names the field (e.g. `flows[2].dport`)."""
-    check_fields(data, "job", JOB_FIELDS)
+    check_fields(data, "", JOB_FIELDS, "job")
     job = data.get("job")
     if not isinstance(job, str) or not job or "/" in job:
-        raise ValueError(f"job: {job!r} is not allowed (a non-empty name without '/')")
+        raise ValueError(f"job: {shown(job)} is not allowed (a non-empty name without '/')")
     policy = data.get("policy")
-    if policy not in POLICIES:
-        raise ValueError(f"policy: {policy!r} is not allowed (one of {', '.join(sorted(POLICIES))})")
+    if not isinstance(policy, str) or policy not in POLICIES:
+        raise ValueError(f"policy: {shown(policy)} is not allowed "
+                         f"(one of {', '.join(sorted(POLICIES))})")
     hosts = tuple(parse_ipv4(f"hosts[{i}]", h)
-                  for i, h in enumerate(_parse_list("hosts", data.get("hosts"))))
+                  for i, h in enumerate(parse_list("hosts", data.get("hosts"), MAX_HOSTS)))
     layers = tuple(parse_layer(layer, f"layers[{i}]")
-                   for i, layer in enumerate(_parse_list("layers", data.get("layers"))))
-    indices = [layer.index for layer in layers]
-    if len(set(indices)) != len(indices):
-        duplicate = next(i for i in indices if indices.count(i) > 1)
-        raise ValueError(f"layers: index {duplicate} appears twice")
-    flows = tuple(parse_flow(flow, f"flows[{i}]", hosts, set(indices))
-                  # No flows: the senders mark each message with its layer's class themselves.
-                  for i, flow in enumerate(_parse_list("flows", data.get("flows", []), may_be_empty=True)))
-    return Job(job, policy, hosts, layers, flows)
+                   for i, layer in enumerate(parse_list("layers", data.get("layers"), MAX_LAYERS)))
+    indices: set[int] = set()
+    for layer in layers:
+        if layer.index in indices:
+            raise ValueError(f"layers: index {layer.index} appears twice")
+        indices.add(layer.index)
+    known_hosts, known_indices = frozenset(hosts), frozenset(indices)
+    # No flows: the senders mark each message with its layer's class themselves.
+    flows = tuple(parse_flow(flow, f"flows[{i}]", known_hosts, known_indices) for i, flow in
+                  enumerate(parse_list("flows", data.get("flows", []), MAX_FLOWS,
+                                       may_be_empty=True)))
+    parsed = Job(job, policy, hosts, layers, flows)
+    marks = job_mark_count(parsed)
+    if marks > MAX_MARKS:
+        raise ValueError(f"flows: the job needs {marks} marks (one per host, one per flow or per "
+                         f"aligned block of its port range), more than the {MAX_MARKS} allowed")
+    return parsed
 
 
 def describe_job(job: Job) -> dict:

@@ -2,7 +2,8 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from controller.priority import FlowClass, class_selector, ingress_switch
+from controller.priority import (MAX_FLOWS, FlowClass, class_selector, ingress_switch,
+                                 parse_flow_classes)
 from fabric_views import LEAF, ip, leaf_spine
 
 BASE = {"src": "10.0.0.1", "dst": "10.0.0.2", "dscp": 46}
@@ -63,6 +64,28 @@ def test_from_dict_invalid_names_the_field(data, field):
     with pytest.raises(ValueError) as err:
         FlowClass.from_dict(data)
     assert str(err.value).startswith(f"{field}: "), str(err.value)
+
+
+def test_from_dict_errors_name_the_path():
+    with pytest.raises(ValueError, match=r"^flows\[3\]\.dscp: 99 is not allowed"):
+        FlowClass.from_dict(flow(dscp=99), "flows[3]")
+    with pytest.raises(ValueError, match=r"^flows\[3\]\.prio: unknown field"):
+        FlowClass.from_dict(flow(prio=1), "flows[3]")
+    with pytest.raises(ValueError, match=r"^flows\[3\]: expected an object"):
+        FlowClass.from_dict([BASE], "flows[3]")
+
+
+def test_parse_flow_classes_is_a_bounded_list():
+    assert parse_flow_classes("flows", []) == []
+    assert len(parse_flow_classes("flows", [BASE] * MAX_FLOWS)) == MAX_FLOWS
+    with pytest.raises(ValueError, match=rf"^flows: {MAX_FLOWS + 1} items is more than the "
+                                         rf"{MAX_FLOWS} allowed$"):
+        parse_flow_classes("flows", [BASE] * (MAX_FLOWS + 1))
+    for value in (None, 5, "x", BASE):
+        with pytest.raises(ValueError, match=r"^flows: .* is not allowed \(a list\)$"):
+            parse_flow_classes("flows", value)
+    with pytest.raises(ValueError, match=r"^flows\[1\]\.src: "):
+        parse_flow_classes("flows", [BASE, flow(src="h1")])
 
 
 @given(st.integers().filter(lambda d: not 0 <= d <= 63))

@@ -8,16 +8,18 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, strategies as st
 
 import controller.scheduling as scheduling
-from controller.priority import FlowClass, port_range_blocks
-from controller.scheduling import (DROPPABLE_DSCP, GRADIENT_DSCPS, POLICIES, Layer, Policy,
-                                   job_flow_classes, layer_dscps, parse_job, rank_to_class,
-                                   ranks_by, register)
+from controller.priority import MAX_FLOWS, FlowClass, port_range_blocks
+from controller.scheduling import (DROPPABLE_DSCP, GRADIENT_DSCPS, MAX_LAYERS, POLICIES, Layer,
+                                   Policy, job_flow_classes, job_mark_count, layer_dscps,
+                                   parse_job, rank_to_class, ranks_by, register)
 from test_controller_cli import REPO, free_port
+from topologies.fabric import Fabric
 
 CS6, CS5, CS4, CS3, CS2 = GRADIENT_DSCPS
 # index, bytes, fwd_ms: layers 1 and 4 take no forward time (e.g. a flatten, a dropout).
@@ -137,7 +139,7 @@ def flow_doc(**changes) -> dict:
 @pytest.mark.parametrize("changes, field", [
     ({"jobs": "x"}, "jobs"),
     ({"job": ""}, "job"), ({"job": 7}, "job"), ({"job": "a/b"}, "job"),
-    ({"policy": "p3"}, "policy"), ({"policy": None}, "policy"),
+    ({"policy": "p3"}, "policy"), ({"policy": None}, "policy"), ({"policy": ["x"]}, "policy"),
     ({"hosts": []}, "hosts"), ({"hosts": "10.0.0.1"}, "hosts"), ({"hosts": ["h1"]}, "hosts[0]"),
     ({"layers": []}, "layers"), ({"layers": [5]}, "layers[0]"),
     ({"layers": [layer_doc(), layer_doc()]}, "layers"),
@@ -147,8 +149,10 @@ def flow_doc(**changes) -> dict:
     ({"layers": [layer_doc(bytes=1.5)]}, "layers[0].bytes"),
     ({"layers": [layer_doc(fwd_ms=-1)]}, "layers[0].fwd_ms"),
     ({"layers": [layer_doc(bwd_ms="1")]}, "layers[0].bwd_ms"),
-    ({"layers": [layer_doc(size=1)]}, "size"),
-    ({"flows": None}, "flows"),
+    ({"layers": [layer_doc(size=1)]}, "layers[0].size"),
+    ({"layers": [layer_doc(index=i) for i in range(MAX_LAYERS + 1)]}, "layers"),
+    ({"flows": None}, "flows"), ({"flows": 5}, "flows"),
+    ({"flows": [flow_doc()] * (MAX_FLOWS + 1)}, "flows"),
     ({"flows": [flow_doc(layer=9)]}, "flows[0].layer"),
     ({"flows": [flow_doc(layer=None, layers=[0, 9])]}, "flows[0].layers"),
     ({"flows": [flow_doc(layers=[0])]}, "flows[0].layers"),
@@ -162,7 +166,7 @@ def flow_doc(**changes) -> dict:
     ({"flows": [flow_doc(dport_range=[9, 2])]}, "flows[0].dport_range"),
     ({"flows": [flow_doc(dport_range=[1, 2, 3])]}, "flows[0].dport_range"),
     ({"flows": [flow_doc(dport_range=[0, 2])]}, "flows[0].dport_range"),
-    ({"flows": [flow_doc(dscp=46)]}, "dscp"),
+    ({"flows": [flow_doc(dscp=46)]}, "flows[0].dscp"),
 ])
 def test_job_errors_name_the_field(changes, field):
     doc = job_doc(**changes)
@@ -173,12 +177,19 @@ def test_job_errors_name_the_field(changes, field):
     assert str(err.value).startswith(f"{field}: "), str(err.value)
 
 
+@given(st.lists(st.none() | st.tuples(st.integers(1, 65535), st.integers(1, 65535)), max_size=6))
+def test_job_mark_count_is_the_number_of_rewrites(ranges):
+    flows = [flow_doc() if r is None else flow_doc(dport_range=sorted(r)) for r in ranges]
+    job = parse_job(job_doc(flows=flows))
+    assert job_mark_count(job) == len(job_flow_classes(job))
+
+
 def test_job_document_must_be_an_object():
     with pytest.raises(ValueError, match=r"^job: expected an object"):
         parse_job([job_doc()])
 
 
-# -- REST, on a real controller without switches --------------------------------------------------
+# -- REST, on a real controller without switches, through the runner's client ------------------
 @pytest.fixture(scope="module")
 def controller_rest():
     rest_port = free_port()
@@ -186,11 +197,17 @@ def controller_rest():
                              "--ofp-port", str(free_port())], cwd=REPO, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
-    def call(path: str, method: str = "GET", body=None):
-        data = body if isinstance(body, bytes) else json.dumps(body).encode() if body else None
-        req = urllib.request.Request(f"http://127.0.0.1:{rest_port}{path}", data=data,
-                                     method=method)
+    client = SimpleNamespace(rest_port=rest_port)  # what Fabric.rest uses of a Fabric
+
+    def call(path: str, method: str = "GET", body=None, **headers):
+        """A JSON document through the runner's client (Fabric.rest); bytes, or a request
+        with more headers, sent as they are."""
         try:
+            if not isinstance(body, bytes) and not headers:
+                return 200, Fabric.rest(client, path, method, body)
+            req = urllib.request.Request(f"http://127.0.0.1:{rest_port}{path}", data=body,
+                                         method=method,
+                                         headers={"Content-Type": "application/json", **headers})
             with urllib.request.urlopen(req, timeout=5) as resp:
                 return resp.status, json.loads(resp.read())
         except urllib.error.HTTPError as err:
@@ -228,7 +245,7 @@ def test_rest_jobs(controller_rest):
 
 
 @pytest.mark.parametrize("body, field", [
-    (b"{not json", "Expecting property name"),
+    (b"{not json", "body: not JSON (Expecting property name"),
     (job_doc(policy="x"), "policy: "),
     (job_doc(flows=[flow_doc(dport_range=[2, 1])]), "flows[0].dport_range: "),
 ])
@@ -236,3 +253,9 @@ def test_rest_job_errors(controller_rest, body, field):
     status, answer = controller_rest("/jobs", "POST", body)
     assert status == 400 and answer["error"].startswith(field), answer
     assert controller_rest("/jobs") == (200, [])
+
+
+def test_rest_refuses_a_foreign_host_over_the_wire(controller_rest):
+    """The Host check compares with the address the server listens on (DNS rebinding)."""
+    status, answer = controller_rest("/jobs", host="evil.example")
+    assert status == 403 and answer["error"].startswith("Host: 'evil.example'"), answer
