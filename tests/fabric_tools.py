@@ -1,12 +1,17 @@
-"""Shared pieces of the fabric integration tests: building a fabric, counters, iperf3."""
+"""Shared pieces of the integration tests: building a fabric, counters, iperf3, running the
+experiments CLI and checking that nothing is left behind."""
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
+from topologies.cleanup import LOCK_FILE, STATE_DIR, our_bridges, our_processes
 from topologies.fabric import Fabric
 
 REPO = Path(__file__).resolve().parent.parent
@@ -69,3 +74,34 @@ def wait_until(condition, message: str, timeout: float, step: float = 0.1) -> No
     while not condition():
         assert time.monotonic() < deadline, message
         time.sleep(step)
+
+
+def experiments_cli(*args: str, cwd: Path) -> subprocess.Popen:
+    """`python -m experiments run ...` started outside the repo: a fabric starting in another
+    session meanwhile kills `-m experiments` processes whose working directory is the repo as
+    strays (topologies/cleanup.py), and this one is between fabrics while it aggregates."""
+    return subprocess.Popen([sys.executable, "-m", "experiments", "run", *args], cwd=cwd,
+                            env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(process: subprocess.Popen, timeout: float) -> tuple[int, str, str]:
+    stdout, stderr = process.communicate(timeout=timeout)
+    return process.returncode, stdout, stderr
+
+
+def leftovers() -> list[str]:
+    """Anything of a fabric, controller, host app or fault left running. Checked under the fabric
+    lock, so that another test's fabric starting meanwhile does not count."""
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(LOCK_FILE, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        found = [f"bridge {name}" for name in our_bridges()]
+        # Mininet node shells left without their Mininet process (another session's live test
+        # may have its own).
+        ps = subprocess.run(["ps", "-eo", "ppid=,pid=,args="], capture_output=True, text=True).stdout
+        found += [line for line in ps.splitlines() if "mininet:" in line and line.split()[0] == "1"]
+        found += [f"process {pid}" for pid in our_processes(exclude={os.getpid()})]
+        tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+        found += [line for line in tables.splitlines() if "dnntb" in line]
+    return found

@@ -1,5 +1,4 @@
 """The experiment runner end to end: `python -m experiments run` on the emulated fabric (root)."""
-import fcntl
 import json
 import os
 import signal
@@ -14,11 +13,11 @@ import pytest
 
 from experiments.results import completed_run_ids, read_run_record
 from experiments.spec import load_spec
-from topologies.cleanup import LOCK_FILE, STATE_DIR, our_bridges, our_processes
+from fabric_tools import REPO, experiments_cli, finish, leftovers
 
-REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "experiments" / "smoke.yaml"
-RUN_FILES = ["run.json", "ports.csv", "port_rates.csv", "cpu.csv"]
+OVERLOAD = REPO / "tests" / "fixtures" / "experiments" / "overload.yaml"
+RUN_FILES = ["run.json", "ports.csv", "port_rates.csv", "cpu.csv", "queues.csv", "sockets.csv", "ovs.json"]
 PROCESS_FILES = ["stdout.log", "stderr.log", "iterations.csv", "tensors.csv", "summary.json", "trace.json"]
 # Two repetitions of the smoke spec with a background flow, random loss on a fabric link and a
 # rate cut on a host link, all active early in each run: an interrupt finds them switched on.
@@ -26,37 +25,6 @@ DISTURBED = ["--set", "repetitions=2", "--set", "job.iterations=60",
              "--set", "background=[{src: h1, dst: h4, rate_mbps: 20, start_s: 0.5, duration_s: 3}]",
              "--set", "faults=[{kind: loss, link: leaf1-spine1, at_s: 0.5, duration_s: 3, loss_percent: 1},"
                       " {kind: rate, link: h2-leaf1, at_s: 0.5, duration_s: 3, rate_mbps: 50}]"]
-
-
-def experiments_cli(*args: str, cwd: Path) -> subprocess.Popen:
-    """`python -m experiments run ...` started outside the repo: a fabric starting in another
-    session meanwhile kills `-m experiments` processes whose working directory is the repo as
-    strays (topologies/cleanup.py), and this one is between fabrics while it aggregates."""
-    return subprocess.Popen([sys.executable, "-m", "experiments", "run", *args], cwd=cwd,
-                            env={**os.environ, "PYTHONPATH": str(REPO)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def finish(process: subprocess.Popen, timeout: float) -> tuple[int, str, str]:
-    stdout, stderr = process.communicate(timeout=timeout)
-    return process.returncode, stdout, stderr
-
-
-def leftovers() -> list[str]:
-    """Anything of a fabric, controller, host app or fault left running. Checked under the fabric
-    lock, so that another test's fabric starting meanwhile does not count."""
-    STATE_DIR.mkdir(parents=True, exist_ok=True)
-    with open(LOCK_FILE, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        found = [f"bridge {name}" for name in our_bridges()]
-        # Mininet node shells left without their Mininet process (another session's live test
-        # may have its own).
-        ps = subprocess.run(["ps", "-eo", "ppid=,pid=,args="], capture_output=True, text=True).stdout
-        found += [line for line in ps.splitlines() if "mininet:" in line and line.split()[0] == "1"]
-        found += [f"process {pid}" for pid in our_processes(exclude={os.getpid()})]
-        tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
-        found += [line for line in tables.splitlines() if "dnntb" in line]
-    return found
 
 
 def test_runner_refuses_to_run_without_root(monkeypatch, tmp_path):
@@ -131,3 +99,19 @@ def test_interrupted_experiment_leaves_nothing_and_resumes(tmp_path):
     assert "Connecting to host 10.0.0.4" in iperf_log or "connected" in iperf_log, iperf_log
     assert leftovers() == []
     assert json.loads((out / "meta.json").read_text())["spec"] == "smoke"
+
+
+@pytest.mark.integration
+def test_fidelity_guard_flags_a_fabric_the_machine_cannot_emulate(tmp_path):
+    """Gigabit links, MTU 1500, four bulk TCP flows: the machine cannot forward that much (measured:
+    its CPU at 1.00, the forwarding thread at 0.8-1.0 core, port sockets overflowing)."""
+    out = tmp_path / "overload"
+    status, stdout, stderr = finish(experiments_cli(str(OVERLOAD), "--out", str(out), cwd=tmp_path), timeout=240)
+    assert status == 0, stderr[-2000:]
+    (run,) = pd.read_csv(out / "runs.csv").to_dict("records")
+    print(run["fidelity_reason"])
+    assert run["fidelity_ok"] is False
+    assert run["cpu_util_mean"] > 0.9 or run["vswitchd_thread_util_mean"] >= 0.9
+    assert "machine CPU" in run["fidelity_reason"] or "forwarding thread" in run["fidelity_reason"]
+    assert f"failed the fidelity guard ({run['fidelity_reason']})" in (out / "summary.md").read_text()
+    assert leftovers() == []
