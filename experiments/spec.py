@@ -5,7 +5,10 @@ YAML value it takes and `spec_field` adds the default and the allowed range. `lo
 checks everything (types, ranges, unknown keys, host names, links, placements of every run
 of the matrix) before any network state exists, and fails with one line naming the field:
 
-    spec error: topology.spines: -1 is not allowed (an integer >= 1)
+    spec error: topology.spines: 5000 is not allowed (at most 4095 spine switches, the DPIDs of one tier)
+
+Whatever validates can run: sizes fit the address plan, OVS, Linux and this machine, rates fit tc,
+times are finite.
 
 Matrix: each axis is a name with values; scalar values set one dotted field, mapping values
 are labelled sets of dotted-field overrides. The runs are the cartesian product of the axes
@@ -21,6 +24,7 @@ import copy
 import dataclasses
 import difflib
 import itertools
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +34,7 @@ from typing import Any, Callable, Literal, Union, get_args, get_origin, get_type
 import yaml
 
 from experiments.metrics import METRIC_COLUMNS
+from topologies.leafspine import MAX_PER_TIER
 
 # Choices that grow with the testbed: controller scheduling policies (controller/scheduling.py),
 # transports (hostapps), host send-order policies (hostapps/policies.py).
@@ -53,22 +58,69 @@ RESERVED_COLUMNS = {"run_id", "rep", "workers", *METRIC_COLUMNS}
 LABEL_PATTERN = re.compile(r"[A-Za-z0-9_.+-]+")
 AXIS_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
+# What one spec may ask for.
+MAX_REPETITIONS = 100
+# Fabric sizes. Limits of the fabric's conventions: a tier of switches has MAX_PER_TIER DPIDs
+# (topologies/leafspine.py); a switch's port numbers stay well inside OpenFlow's 0xff00 (this
+# one is not a constant of topologies/); Mininet names port n of a switch `<switch>-eth<n>`, and
+# Linux interface names have at most IFNAMSIZ - 1 characters.
+MAX_SWITCH_PORTS = 1024
+IFNAME_CHARS = 15
+# Limits of this machine (2 cores, 24 GB): every host may run a host app of ~105 MB of private
+# memory (numpy, scikit-learn, the digits; measured), 13.5 GB for 128; one ovs-vswitchd thread
+# forwards every packet of every switch, and a 4x8x4 leaf-spine (12 switches) already takes
+# ~7 s to build and start (../shared/PLATFORM.md).
+MACHINE_HOSTS = 128
+MACHINE_SWITCHES = 64
+# Link rates: topologies/shaping.py gives each of the 8 priority classes a floor of 1% of the
+# link, and tc's smallest rate is 8 kbit/s; tc reads `{rate:g}mbit`, plain decimals up to 999999.
+MIN_RATE_MBIT = 0.8
+MAX_RATE_MBIT = 100_000
+LINK_RATE = (f"a rate in Mbit/s {MIN_RATE_MBIT:g}..{MAX_RATE_MBIT}, so that each class's floor, 1% of it, "
+             "reaches tc's 8 kbit/s")
+# Times after the job starts: finite, and at most iperf3's longest test (a run stops at 600 s).
+MAX_SECONDS = 86_400
+AT_SECONDS = f"seconds after the job starts, 0..{MAX_SECONDS}"
+DURATION_SECONDS = f"seconds, > 0 and at most {MAX_SECONDS}"
+# Messages of the host apps: a fusion bucket, partition or PS slice below 1 KiB (256 floats)
+# costs Python more per message than its bytes (caramel at 16 KB already lost to ready order).
+MIN_PIECE_BYTES = 1024
+MAX_PIECE_BYTES = 1 << 30
+PIECE_BYTES = (f"{MIN_PIECE_BYTES}..{MAX_PIECE_BYTES}, smaller pieces cost a message per "
+               f"{MIN_PIECE_BYTES // 4} floats or fewer")
+# Background flows: flow i's iperf3 servers listen on 5201 + FLOW_PORTS*i + source index
+# (experiments/disturbances.py), below the job's ports 7000 and 7100 (experiments/runner.py).
+FLOW_PORTS = 10
+MAX_FLOWS = 100
+# Seeds grow by one per repetition; scikit-learn's split takes seeds up to 2**32 - 1.
+MAX_SEED = 2 ** 32 - MAX_REPETITIONS
+
 
 class SpecError(ValueError):
     """A spec problem, as one line: `spec error: <dotted path>: <what is wrong>`."""
 
     def __init__(self, path: str, problem: str):
-        super().__init__(f"spec error: {path}: {problem}")
+        super().__init__(_one_line(f"spec error: {path}: {problem}"))
         self.path = path
         self.problem = problem
 
 
+def _one_line(text: str) -> str:
+    """text with its line breaks and other unprintable characters escaped."""
+    return "".join(char if char.isprintable() else char.encode("unicode_escape").decode() for char in text)
+
+
+SHOWN_CHARS = 60
+
+
 def show(value: Any) -> str:
-    """A value as the user wrote it: strings quoted, the rest in YAML flow style."""
+    """A value as the user wrote it, cut short: strings quoted, the rest in YAML flow style."""
     if isinstance(value, str):
-        return repr(value)
-    text = yaml.safe_dump(value, default_flow_style=True, width=float("inf"))
-    return text.removesuffix("\n").removesuffix("\n...").strip()
+        text = repr(value)
+    else:
+        text = yaml.safe_dump(value, default_flow_style=True, width=float("inf"))
+        text = text.removesuffix("\n").removesuffix("\n...").strip()
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}..."
 
 
 def not_allowed(path: str, value: Any, allowed: str) -> SpecError:
@@ -98,6 +150,11 @@ def _count_or_hosts(value: Any) -> bool:
     return value >= 1 if isinstance(value, int) else _unique_names(value)
 
 
+def _fusion(value: str) -> bool:
+    return value in ("none", "horovod", "ddp") or (
+        re.fullmatch(r"[1-9][0-9]{0,9}", value) is not None and MIN_PIECE_BYTES <= int(value) <= MAX_PIECE_BYTES)
+
+
 # ---------------------------------------------------------------------------------------- schema
 
 @dataclass(frozen=True)
@@ -107,22 +164,24 @@ class Topology:
     leaves: int = spec_field(2, "an integer >= 1", lambda n: n >= 1)
     hosts_per_leaf: int = spec_field(2, "an integer >= 1", lambda n: n >= 1)
     k: int = spec_field(4, "an even integer >= 2 (fattree only)", lambda n: n >= 2 and n % 2 == 0)
-    host_bw: float = spec_field(100.0, "a rate in Mbit/s > 0", lambda x: x > 0)
-    fabric_bw: float = spec_field(100.0, "a rate in Mbit/s > 0", lambda x: x > 0)
+    host_bw: float = spec_field(100.0, LINK_RATE, lambda x: MIN_RATE_MBIT <= x <= MAX_RATE_MBIT)
+    fabric_bw: float = spec_field(100.0, LINK_RATE, lambda x: MIN_RATE_MBIT <= x <= MAX_RATE_MBIT)
 
 
 @dataclass(frozen=True)
 class Controller:
     lb: LoadBalancing = spec_field("ecmp")
     sched: Scheduling = spec_field("fifo")
-    stats_interval_s: float = spec_field(1.0, "a period in seconds > 0", lambda x: x > 0)
+    stats_interval_s: float = spec_field(
+        1.0, "a period in seconds, 0.1..60: a run waits up to two periods for its last port statistics",
+        lambda x: 0.1 <= x <= 60)
 
 
 @dataclass(frozen=True)
 class Model:
     name: ModelName = spec_field("mlp")
-    width: int = spec_field(64, "an integer >= 1 (mlp only)", lambda n: n >= 1)
-    depth: int = spec_field(2, "an integer >= 1 (mlp only)", lambda n: n >= 1)
+    width: int = spec_field(64, "an integer 1..1024 (mlp only)", lambda n: 1 <= n <= 1024)
+    depth: int = spec_field(2, "an integer 1..8 (mlp only)", lambda n: 1 <= n <= 8)
     scale: float = spec_field(0.01, "a fraction of the profile's tensor sizes in (0, 1]",
                               lambda x: 0 < x <= 1)
 
@@ -136,22 +195,25 @@ class Job:
         lambda v: v == "all" or _count_or_hosts(v))
     servers: int | list[str] = spec_field(
         1, "a count >= 1 or a list of distinct host names (ps only)", _count_or_hosts)
-    iterations: int = spec_field(40, "an integer >= 2", lambda n: n >= 2)
-    batch: int = spec_field(48, "an integer >= 1 (global batch, split evenly over the workers)", lambda n: n >= 1)
-    lr: float = spec_field(0.05, "a learning rate > 0", lambda x: x > 0)
-    seed: int = spec_field(0, "an integer >= 0", lambda n: n >= 0)
+    iterations: int = spec_field(40, "an integer 2..10000", lambda n: 2 <= n <= 10_000)
+    batch: int = spec_field(48, "an integer 1..4096 (global batch, split evenly over the workers)",
+                            lambda n: 1 <= n <= 4096)
+    lr: float = spec_field(0.05, "a finite learning rate > 0", lambda x: 0 < x < math.inf)
+    seed: int = spec_field(0, f"an integer 0..{MAX_SEED}: seeds grow by one per repetition up to "
+                           "scikit-learn's 2**32 - 1", lambda n: 0 <= n <= MAX_SEED)
     transport: Transport = spec_field("tcp")
     loss_bound: float = spec_field(0.0, "a fraction in [0, 1) (transport mlt)", lambda x: 0 <= x < 1)
     drop_marking: bool = spec_field(False, "true or false (transport mlt with loss_bound > 0)")
     policy: SendOrder = spec_field("ready")
-    fusion: str = spec_field("none", "none, horovod, ddp or a bucket size in bytes (allreduce)",
-                             lambda v: v in ("none", "horovod", "ddp") or v.isdigit())
+    fusion: str = spec_field("none", f"none, horovod, ddp or a bucket size in bytes as a string, {PIECE_BYTES} "
+                             "(allreduce)", _fusion)
     partition_bytes: int = spec_field(
-        65536, "a byte count >= 4 (allreduce: caramel's first bucket and pipeline segment, bytescheduler's "
-        "partition)", lambda n: n >= 4)
+        65536, f"a byte count {PIECE_BYTES} (allreduce: caramel's first bucket and pipeline segment, "
+        "bytescheduler's partition)", lambda n: MIN_PIECE_BYTES <= n <= MAX_PIECE_BYTES)
     ps_slice_bytes: int = spec_field(
-        0, "a byte count >= 0, a multiple of 4 (ps: each layer pushed and pulled in slices of at most "
-        "this size, as P3; 0: whole layers; allreduce runs ignore it)", lambda n: n >= 0 and n % 4 == 0)
+        0, f"0 or a multiple of 4 in {PIECE_BYTES} (ps: each layer pushed and pulled in slices of at most this "
+        "size, as P3; 0: whole layers; allreduce runs ignore it)",
+        lambda n: n == 0 or (MIN_PIECE_BYTES <= n <= MAX_PIECE_BYTES and n % 4 == 0))
     eval_every: int = spec_field(10, "an integer >= 0 (iterations; 0: only at the end)", lambda n: n >= 0)
     target_accuracy: float = spec_field(0.9, "a fraction in (0, 1]", lambda x: 0 < x <= 1)
 
@@ -159,13 +221,16 @@ class Job:
 @dataclass(frozen=True)
 class Flow:
     """An iperf3 background flow; several sources make an incast into dst."""
-    src: str | list[str] = spec_field(allowed="a host name or a list of distinct host names (incast)",
-                                      check=lambda v: isinstance(v, str) or _unique_names(v))
+    src: str | list[str] = spec_field(
+        allowed=f"a host name or a list of at most {FLOW_PORTS} distinct host names (incast)",
+        check=lambda v: isinstance(v, str) or (_unique_names(v) and len(v) <= FLOW_PORTS))
     dst: str = spec_field(allowed="a host name")
     proto: Literal["tcp", "udp"] = spec_field("tcp")
-    rate_mbps: float = spec_field(0.0, "a rate in Mbit/s >= 0 (0: as fast as it goes)", lambda x: x >= 0)
-    start_s: float = spec_field(0.0, "seconds after the job starts, >= 0", lambda x: x >= 0)
-    duration_s: float = spec_field(10.0, "seconds > 0", lambda x: x > 0)
+    rate_mbps: float = spec_field(
+        0.0, f"0: as fast as it goes, or a rate in Mbit/s 0.001..{MAX_RATE_MBIT}; iperf3 counts whole bits per second",
+        lambda x: x == 0 or 0.001 <= x <= MAX_RATE_MBIT)
+    start_s: float = spec_field(0.0, AT_SECONDS, lambda x: 0 <= x <= MAX_SECONDS)
+    duration_s: float = spec_field(10.0, DURATION_SECONDS, lambda x: 0 < x <= MAX_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -173,12 +238,13 @@ class Fault:
     """A link fault: down, random loss (nftables) or a rate cut, for duration_s from at_s."""
     kind: Literal["link_down", "loss", "rate"] = spec_field()
     link: str = spec_field(allowed="a link of the topology written a-b, e.g. h1-leaf1")
-    at_s: float = spec_field(allowed="seconds after the job starts, >= 0", check=lambda x: x >= 0)
-    duration_s: float = spec_field(allowed="seconds > 0", check=lambda x: x > 0)
-    loss_percent: float | None = spec_field(None, "a percentage in (0, 100], only with kind loss",
-                                            lambda x: x is None or 0 < x <= 100)
-    rate_mbps: float | None = spec_field(None, "a rate in Mbit/s > 0, only with kind rate",
-                                         lambda x: x is None or x > 0)
+    at_s: float = spec_field(allowed=AT_SECONDS, check=lambda x: 0 <= x <= MAX_SECONDS)
+    duration_s: float = spec_field(allowed=DURATION_SECONDS, check=lambda x: 0 < x <= MAX_SECONDS)
+    loss_percent: float | None = spec_field(
+        None, "a percentage 0.01..100, nftables drops in 1/10000ths; only with kind loss",
+        lambda x: x is None or 0.01 <= x <= 100)
+    rate_mbps: float | None = spec_field(None, f"only with kind rate: {LINK_RATE}",
+                                         lambda x: x is None or MIN_RATE_MBIT <= x <= MAX_RATE_MBIT)
 
 
 @dataclass(frozen=True)
@@ -187,7 +253,9 @@ class RunConfig:
     topology: Topology = section(Topology)
     controller: Controller = section(Controller)
     job: Job = section(Job)
-    background: list[Flow] = spec_field([], "a list of flows")
+    background: list[Flow] = spec_field(
+        [], f"a list of at most {MAX_FLOWS} flows: their iperf3 ports stay below the job's",
+        lambda flows: len(flows) <= MAX_FLOWS)
     faults: list[Fault] = spec_field([], "a list of faults")
 
     @property
@@ -218,7 +286,7 @@ class Header:
     name: str = spec_field("experiment", "a name of letters, digits and _.+-",
                            lambda v: LABEL_PATTERN.fullmatch(v) is not None)
     description: str = spec_field("", "text")
-    repetitions: int = spec_field(1, "an integer >= 1", lambda n: n >= 1)
+    repetitions: int = spec_field(1, f"an integer 1..{MAX_REPETITIONS}", lambda n: 1 <= n <= MAX_REPETITIONS)
     matrix: dict = spec_field({}, "a mapping of axis names to axes")
 
 
@@ -252,7 +320,10 @@ def _parse(annotation: Any, raw: Any, path: str, allowed: str) -> Any:
     if annotation is NoneType and raw is None:
         return None
     if annotation is float and isinstance(raw, (int, float)) and not isinstance(raw, bool):
-        return float(raw)
+        try:
+            return float(raw)
+        except OverflowError:  # an integer beyond any float
+            raise not_allowed(path, raw, allowed) from None
     if annotation in (int, str, dict) and isinstance(raw, annotation) and not isinstance(raw, bool):
         return raw
     if annotation is bool and isinstance(raw, bool):
@@ -336,10 +407,53 @@ def topology_links(topology: Topology) -> set[frozenset[str]]:
     return links
 
 
+def _tiers(topology: Topology) -> list[tuple[str, int, int, str, str]]:
+    """Each tier of switches: (name prefix, switches, ports of each, the field sizing the tier,
+    the ports' count in fields, the first of which is blamed for too many)."""
+    if topology.kind == "fattree":
+        k, half = topology.k, topology.k // 2
+        return [("edge", k * half, k, "k", "k"), ("agg", k * half, k, "k", "k"), ("core", half * half, k, "k", "k")]
+    return [("leaf", topology.leaves, topology.hosts_per_leaf + topology.spines, "leaves", "hosts_per_leaf + spines"),
+            ("spine", topology.spines, topology.leaves, "spines", "leaves")]
+
+
+def check_topology(topology: Topology) -> None:
+    """The fabric's size within its DPID plan, OpenFlow port numbers, Linux interface names and
+    this machine; checked before anything counts or names its nodes."""
+    def refuse(name: str, allowed: str) -> SpecError:
+        return not_allowed(f"topology.{name}", getattr(topology, name), allowed)
+
+    tiers = _tiers(topology)
+    for prefix, count, _, sized_by, _ in tiers:
+        if count > MAX_PER_TIER:
+            makes = "" if count == getattr(topology, sized_by) else f"; this makes {count}"
+            raise refuse(sized_by, f"at most {MAX_PER_TIER} {prefix} switches, the DPIDs of one tier{makes}")
+    for prefix, _, ports, _, ports_by in tiers:
+        if ports > MAX_SWITCH_PORTS:
+            raise refuse(ports_by.split(" ")[0], f"at most {MAX_SWITCH_PORTS} ports per switch, well inside "
+                         f"OpenFlow's 0xff00; each {prefix} would have {ports}: {ports_by}")
+    for prefix, count, ports, sized_by, _ in tiers:
+        longest = f"{prefix}{count}-eth{ports}"
+        if len(longest) > IFNAME_CHARS:
+            raise refuse(sized_by, f"Linux interface names have at most {IFNAME_CHARS} characters; {longest} "
+                         f"has {len(longest)}")
+    hosts, switches = _host_count(topology), sum(tier[1] for tier in tiers)
+    if hosts > MACHINE_HOSTS or switches > MACHINE_SWITCHES:
+        if topology.kind == "fattree":
+            blamed = "k"
+        elif hosts > MACHINE_HOSTS:
+            blamed = "hosts_per_leaf" if topology.hosts_per_leaf >= topology.leaves else "leaves"
+        else:
+            blamed = "spines" if topology.spines >= topology.leaves else "leaves"
+        raise refuse(blamed, f"one machine runs at most {MACHINE_HOSTS} hosts and {MACHINE_SWITCHES} switches; "
+                     f"this makes {hosts} hosts and {switches} switches")
+
+
 # ------------------------------------------------------------------------- cross-field checks
 
 def check_config(config: RunConfig) -> None:
-    """The rules that span fields: hosts exist, placements fit, faults name real links."""
+    """The rules that span fields: the fabric fits, hosts exist, placements fit, faults name real links."""
+    check_topology(config.topology)
     hosts = config.hosts
     job = config.job
     for name in ("workers", "servers"):
@@ -386,7 +500,7 @@ def check_config(config: RunConfig) -> None:
                 raise not_allowed(f"background.{index}.{end}", name, f"a host of h1..h{len(hosts)}")
         if flow.dst in sources:
             raise not_allowed(f"background.{index}.dst", flow.dst, "a host other than the sources")
-    links = topology_links(config.topology)
+    links = topology_links(config.topology) if config.faults else set()
     for index, fault in enumerate(config.faults):
         path = f"faults.{index}"
         if frozenset(fault.link.split("-", 1)) not in links or fault.link.count("-") != 1:
