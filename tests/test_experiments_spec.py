@@ -1,11 +1,14 @@
 """Spec schema, validation messages, --set overrides and matrix expansion (no network)."""
+import dataclasses
+import re
 from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
-from experiments.spec import SpecError, load_spec, parse_spec, scheme_of, topology_links, Topology
+from experiments.spec import (Controller, Fault, Flow, Header, Job, Model, RunConfig, SpecError, Topology, load_spec,
+                              load_yaml, parse_spec, scheme_of, topology_links)
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "experiments"
@@ -195,6 +198,15 @@ RUN_TIME_FAILURES = [
      "faults.0.loss_percent: 0.001 is not allowed (a percentage 0.01..100, nftables drops in 1/10000ths; only "
      "with kind loss)"),
     ("repetitions: 100000000", "repetitions: 100000000 is not allowed (an integer 1..100)"),
+    ("repetitions: 60\nmatrix: {mode: {field: job.mode, values: [allreduce, ps]}, lb: {field: controller.lb, "
+     "values: [ecmp, spray, single]}, seeds: {field: job.seed, values: [1, 2, 3]}}",
+     "repetitions: 60 is not allowed (at most 55 with the matrix's 18 points: at most 1000 runs in all)"),
+    ("matrix: {" + ", ".join(f"a{i}: {{field: job.seed, values: [{', '.join(map(str, range(10)))}]}}"
+                             for i in range(6)) + "}",
+     "matrix: 1000000 points is not allowed (at most 1000 runs in all)"),
+    ("matrix: {" + ", ".join(f"a{i}: {{field: job.seed, values: [0, 1]}}" for i in range(8)) + "}",
+     "matrix: [a0, a1, a2, a3, a4, a5, a6, a7] is not allowed (at most 6 axes)"),
+    ("job: " + "[" * 40 + "]" * 40, "job" + ".0" * 31 + ": is nested deeper than 32 levels"),
 ]
 
 
@@ -360,19 +372,112 @@ def test_scheme_of_drops_rep_and_mode(run_id, scheme):
     assert scheme_of(run_id) == scheme
 
 
-def test_unreadable_and_invalid_yaml_files(tmp_path):
-    with pytest.raises(SpecError, match="cannot be read"):
-        load_spec(tmp_path / "missing.yaml")
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("topology: {spines: 2\n")
-    with pytest.raises(SpecError, match=r"bad.yaml: is not valid YAML"):
-        load_spec(bad)
+ALIAS_BOMB = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(  # "billion laughs": 10^10 values
+    f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 10))
+MERGE_BOMB = "a0: &a0 {x: 1}\n" + "".join(  # each merge doubles the pairs PyYAML would copy
+    f"a{i}: &a{i} {{<<: [*a{i - 1}, *a{i - 1}]}}\n" for i in range(1, 40))
+
+
+@pytest.mark.parametrize("content,problem", [
+    (b"topology: {spines: 2\n", r"is not valid YAML \(while parsing a flow mapping .* line 1, column 11: "),
+    (b"job: {seed: 2020-13-45}\n",
+     r"is not valid YAML \(month must be in 1\.\.12 in .*, line 1, column 13: job: {seed: 2020-13-45} \^\)$"),
+    (b"job: {seed: " + b"9" * 5000 + b"}\n",
+     r"is not valid YAML \(Exceeds the limit \(4300 digits\) .*, line 1, column 13: job: {seed: 9+ \.\.\. \^\)$"),
+    (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", r"is not a text file \(a NUL byte at offset 8\)$"),
+    (b"name: caf\xe9\n", r"is not UTF-8 text \(byte 0xe9 at offset 9\)$"),
+    (b"# a comment\n" * 30000, r"is more than 256 KiB, too large for a spec$"),
+    (ALIAS_BOMB.encode(), r"is not allowed \(a3 has more than 10000 values with its aliases expanded\)$"),
+    (MERGE_BOMB.encode(), r"is not allowed \(the document has more than 10000 values with its aliases expanded\)$"),
+    (b"matrix: &m {a: {values: *m}}\n", r"is not allowed \(matrix\.a\.values contains itself \(a recursive alias\)\)$"),
+    (b"job: " + b"[" * 100000, r"is not allowed \(the document is nested deeper than 32 levels at line 1, "
+                               r"column 38\)$"),
+    (b"".join(b"  " * i + b"k%d:\n" % i for i in range(100)), r"is not allowed \(the document is nested deeper "
+                                                                  r"than 32 levels at line 32, column 63\)$"),
+])
+def test_file_that_is_no_spec_is_one_line(tmp_path, content, problem):
+    path = tmp_path / "spec.yaml"
+    path.write_bytes(content)
+    with pytest.raises(SpecError) as error:
+        load_spec(path)
+    assert re.match(rf"spec error: {re.escape(str(path))}: {problem}", str(error.value)), str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_aliases_within_limits_are_expanded(tmp_path):
+    path = tmp_path / "spec.yaml"
+    path.write_text("job: {mode: ps}\nmatrix:\n  loss:\n    values:\n"
+                    "      low: {faults: &faults [{kind: loss, link: h1-leaf1, at_s: 0, duration_s: 9, "
+                    "loss_percent: 1}]}\n"
+                    "      mlt: {job.transport: mlt, faults: *faults}\n")
+    low, mlt = load_spec(path).runs
+    assert low.config.faults == mlt.config.faults and low.config.faults[0].link == "h1-leaf1"
+    assert (low.job.transport, mlt.job.transport) == ("tcp", "mlt")
+
+
+@pytest.mark.parametrize("where,problem", [
+    ("missing.yaml", "cannot be read (No such file or directory)"),
+    (".", "cannot be read (Is a directory)"),
+    ("/proc/self/mem", "cannot be read (Input/output error)"),  # opens, then fails to read
+])
+def test_unreadable_file_is_one_line(tmp_path, where, problem):
+    path = tmp_path / where
+    with pytest.raises(SpecError) as error:
+        load_spec(path)
+    assert str(error.value) == f"spec error: {path}: {problem}"
+
+
+def test_set_value_within_the_same_limits():
+    with pytest.raises(SpecError, match=r"^spec error: job: '\[\[\[.*\.\.\. is not allowed \(a YAML value: the "
+                                        r"document is nested deeper than 32 levels at line 1, column 33\)$"):
+        parse_spec({}, ["job=" + "[" * 1000])
 
 
 def test_line_breaks_in_names_stay_escaped_on_the_one_line():
     with pytest.raises(SpecError) as error:
         parse_spec({"topology": {"spines\nleaves": 2}})
     assert str(error.value) == "spec error: topology.spines\\nleaves: unknown field (did you mean spines?)"
+
+
+def test_documents_built_in_python_are_measured_too():
+    shared: list = ["x"] * 10
+    for _ in range(4):
+        shared = [shared] * 10
+    with pytest.raises(SpecError, match=r"^spec error: background\.0\.0: has more than 10000 values"):
+        parse_spec({"background": [shared]})
+    looped: dict = {}
+    looped["job"] = looped
+    with pytest.raises(SpecError, match=r"^spec error: job: contains itself \(a recursive alias\)$"):
+        parse_spec(looped)
+
+
+FIELD_NAMES = sorted({f.name for cls in (Header, RunConfig, Topology, Controller, Job, Model, Flow, Fault)
+                      for f in dataclasses.fields(cls)} | {"field", "values", "baseline"})
+SCALARS = (st.none() | st.booleans() | st.integers(-2 ** 70, 2 ** 70) | st.floats() | st.text(max_size=10)
+           | st.dates() | st.sampled_from(["ps", "mlt", "h1", "h4", "leaf1-spine1", "all", "fattree", "loss", "rate",
+                                           "spray", "best", "1024", "none"]))
+KEYS = (st.sampled_from(FIELD_NAMES) | st.sampled_from(["controller.lb", "job.mode", "topology.spines", "job.model"])
+        | st.text(max_size=6) | st.integers(-3, 3))
+YAMLISH = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(KEYS, inner, max_size=5),
+                       max_leaves=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(KEYS, YAMLISH, max_size=6))
+def test_random_documents_fail_only_with_one_line_spec_errors(document):
+    try:
+        parse_spec(document)
+    except SpecError as error:
+        assert "\n" not in str(error)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(st.sampled_from(list("ab1.: -[]{},&*!|>'\"\n#?%@`\t\\<=~")) | st.characters(), max_size=60))
+def test_random_text_loads_or_fails_as_yaml(text):
+    try:
+        load_yaml(text)
+    except yaml.YAMLError:
+        pass
 
 
 def test_fixture_spec_loads():
