@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import functools
 import itertools
 import math
 import re
@@ -306,39 +307,49 @@ _CONFIG_KEYS = tuple(f.name for f in dataclasses.fields(RunConfig))
 
 # ------------------------------------------------------------------------------ parsing by type
 
+def _may_be(annotation: Any, raw: Any) -> bool:
+    """Whether raw is of a YAML type the annotated one takes (a union's member, a list's items and a
+    literal's choices may still refuse it)."""
+    origin = get_origin(annotation)
+    if origin in (Union, UnionType):
+        return any(_may_be(member, raw) for member in get_args(annotation))
+    if dataclasses.is_dataclass(annotation):
+        return raw is None or isinstance(raw, dict)
+    if origin is list:
+        return isinstance(raw, list)
+    if origin is Literal:
+        return not isinstance(raw, bool) and raw in get_args(annotation)
+    if annotation is NoneType:
+        return raw is None
+    if annotation is bool:
+        return isinstance(raw, bool)
+    return isinstance(raw, (int, float) if annotation is float else annotation) and not isinstance(raw, bool)
+
+
 def _parse(annotation: Any, raw: Any, path: str, allowed: str) -> Any:
     """raw converted to the annotated type, or SpecError. Checks are the caller's."""
     origin = get_origin(annotation)
     if origin in (Union, UnionType):
         for member in get_args(annotation):
-            try:
-                return _parse(member, raw, path, allowed)
-            except SpecError:
-                continue
+            if _may_be(member, raw):  # trying the others would only format errors to drop
+                try:
+                    return _parse(member, raw, path, allowed)
+                except SpecError:
+                    continue
         raise not_allowed(path, raw, allowed)
     if dataclasses.is_dataclass(annotation):
         return build(annotation, raw, path)
+    if not _may_be(annotation, raw):
+        raise not_allowed(path, raw, allowed)
     if origin is list:
-        if not isinstance(raw, list):
-            raise not_allowed(path, raw, allowed)
         (item,) = get_args(annotation)
         return [_parse(item, value, f"{path}.{index}", allowed) for index, value in enumerate(raw)]
-    if origin is Literal:
-        if raw not in get_args(annotation) or isinstance(raw, bool):
-            raise not_allowed(path, raw, allowed)
-        return raw
-    if annotation is NoneType and raw is None:
-        return None
-    if annotation is float and isinstance(raw, (int, float)) and not isinstance(raw, bool):
+    if annotation is float:
         try:
             return float(raw)
         except OverflowError:  # an integer beyond any float
             raise not_allowed(path, raw, allowed) from None
-    if annotation in (int, str, dict) and isinstance(raw, annotation) and not isinstance(raw, bool):
-        return raw
-    if annotation is bool and isinstance(raw, bool):
-        return raw
-    raise not_allowed(path, raw, allowed)
+    return raw
 
 
 def _unknown_key(path: str, key: Any, known: list[str]) -> SpecError:
@@ -351,10 +362,16 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
-def build(cls: type, raw: Any, path: str = "", also_known: tuple[str, ...] = ()) -> Any:
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+def build(cls: type, raw: Any, path: str = "", also_known: tuple[str, ...] = (), base: Any = None) -> Any:
     """An instance of schema dataclass cls from the raw YAML mapping (None = all defaults).
 
     also_known: keys the caller handles itself, only to suggest them for typos.
+    base: an instance of cls whose values the fields raw leaves out keep, instead of their defaults.
     """
     known = [f.name for f in dataclasses.fields(cls)]
     if raw is None:
@@ -364,21 +381,22 @@ def build(cls: type, raw: Any, path: str = "", also_known: tuple[str, ...] = ())
     for key in raw:
         if key not in known:
             raise _unknown_key(path, key, known + list(also_known))
-    hints = get_type_hints(cls)
+    hints = _type_hints(cls)
     values = {}
     for declared in dataclasses.fields(cls):
         field_path = _join(path, declared.name)
         choices = get_args(hints[declared.name]) if get_origin(hints[declared.name]) is Literal else ()
         allowed = declared.metadata.get("allowed") or f"one of {', '.join(choices)}"
         if declared.name not in raw:
-            if declared.default is dataclasses.MISSING and declared.default_factory is dataclasses.MISSING:
+            required = declared.default is dataclasses.MISSING and declared.default_factory is dataclasses.MISSING
+            if required and base is None:
                 raise SpecError(field_path, f"missing ({allowed})")
             continue
         value = _parse(hints[declared.name], raw[declared.name], field_path, allowed)
         if not declared.metadata.get("check", bool)(value):
             raise not_allowed(field_path, raw[declared.name], allowed)
         values[declared.name] = value
-    return cls(**values)
+    return cls(**values) if base is None else dataclasses.replace(base, **values)
 
 
 # ------------------------------------------------------------------------- topology node names
@@ -826,9 +844,12 @@ def scheme_of(run_id: str) -> str:
     return ",".join(parts) or "base"
 
 
-def _resolve(document: dict) -> RunConfig:
-    config_document = {key: value for key, value in document.items() if key not in _HEADER_KEYS}
-    config = build(RunConfig, config_document, also_known=_HEADER_KEYS)
+def _resolve(document: dict, base: RunConfig | None = None, sections: set[str] = frozenset()) -> RunConfig:
+    """The checked RunConfig of a document; with base, only its sections named in `sections` are
+    built (the others are base's, built from the same values)."""
+    config_document = {key: value for key, value in document.items()
+                       if key not in _HEADER_KEYS and (base is None or key in sections)}
+    config = build(RunConfig, config_document, also_known=_HEADER_KEYS, base=base)
     check_config(config)
     return config
 
@@ -860,12 +881,15 @@ def parse_spec(document: Any, sets: list[str] = ()) -> Spec:
     resolved = []
     for labels in points:
         point = dict(zip([axis.name for axis in axes], labels))
-        point_document = copy.deepcopy(document)
-        for axis in axes:
-            for key, value in axis.values[point[axis.name]].items():
-                set_dotted(point_document, str(key), value)
+        overrides = [(str(key), value) for axis in axes for key, value in axis.values[point[axis.name]].items()]
+        # Only the sections a point overrides are copied and validated again: a big background
+        # list is checked once, not once per point.
+        sections = {key.split(".")[0] for key, _ in overrides}
+        point_document = {key: copy.deepcopy(value) if key in sections else value for key, value in document.items()}
+        for key, value in overrides:
+            set_dotted(point_document, key, value)
         try:
-            resolved.append((point, _resolve(point_document)))
+            resolved.append((point, _resolve(point_document, base, sections)))
         except SpecError as error:
             point_name = ",".join(f"{axis}={label}" for axis, label in point.items())
             raise SpecError(error.path, f"{error.problem} (in run {point_name})") from None

@@ -296,6 +296,19 @@ def test_matrix_overrides_merge_into_sections_and_seeds_follow_repetition():
     assert {run.job.seed for run in runs.values() if run.rep == 2} == {8}
 
 
+def test_matrix_points_validate_again_only_the_sections_they_override():
+    flows = [{"src": "h1", "dst": "h2"}] * 100
+    spec = parse_spec({"background": flows, "repetitions": 2,
+                       "matrix": {"seed": {"field": "job.seed", "values": list(range(20))},
+                                  "lr": {"field": "job.lr", "values": [0.1 * i for i in range(1, 21)]}}})
+    assert len(spec.runs) == 800
+    assert len({id(run.config.background) for run in spec.runs}) == 1  # built once, for the base
+    with pytest.raises(SpecError, match=r"^spec error: background\.0\.dst: 'h9' is not allowed \(a host of "
+                                        r"h1\.\.h4\) \(in run flows=bad\)$"):
+        parse_spec({"background": flows,
+                    "matrix": {"flows": {"values": {"ok": {}, "bad": {"background": [{"src": "h1", "dst": "h9"}]}}}}})
+
+
 def test_scalar_axis_labels_numbers_as_yaml():
     spec = parse_spec({"job": {"transport": "mlt"},
                        "matrix": {"bound": {"field": "job.loss_bound", "values": [0, 0.5]}}})
