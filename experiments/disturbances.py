@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from experiments.spec import Fault, Flow, RunConfig
+from experiments.spec import FLOW_PORTS, Fault, Flow, RunConfig
 from topologies.fabric import Fabric, kill_group
 from topologies.shaping import htb_classes
 
-IPERF_PORT = 5201  # flow i's iperf3 servers listen on IPERF_PORT + 10*i + source index
+IPERF_PORT = 5201  # flow i's iperf3 servers listen on IPERF_PORT + FLOW_PORTS*i + source index
 NFT_TABLE = "dnntb"  # + the interface name: one nftables table per interface with loss
 
 
@@ -97,7 +97,7 @@ def background_flows(fab: Fabric, flows: list[Flow], log_dir: Path) -> list[Dist
     for index, flow in enumerate(flows):
         sources = [flow.src] if isinstance(flow.src, str) else flow.src
         for source_index, source in enumerate(sources):
-            port = IPERF_PORT + 10 * index + source_index
+            port = IPERF_PORT + FLOW_PORTS * index + source_index
             name = f"flow{index}-{source}-{flow.dst}"
             disturbances.append(Disturbance(name, flow.start_s, flow.duration_s,
                                             *_iperf_actions(fab, flow, source, port, log_dir / f"{name}.log")))

@@ -5,7 +5,11 @@ YAML value it takes and `spec_field` adds the default and the allowed range. `lo
 checks everything (types, ranges, unknown keys, host names, links, placements of every run
 of the matrix) before any network state exists, and fails with one line naming the field:
 
-    spec error: topology.spines: -1 is not allowed (an integer >= 1)
+    spec error: topology.spines: 5000 is not allowed (at most 4095 spine switches, the DPIDs of one tier)
+
+Whatever validates can run: sizes fit the address plan, OVS, Linux and this machine, rates fit tc,
+times are finite. Validation itself stays bounded: a spec file is small UTF-8 text, nested and
+expanded (YAML aliases) within limits, and its matrix is capped before it is expanded.
 
 Matrix: each axis is a name with values; scalar values set one dotted field, mapping values
 are labelled sets of dotted-field overrides. The runs are the cartesian product of the axes
@@ -20,18 +24,20 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import functools
 import itertools
 import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import NoneType, UnionType
-from typing import Any, Callable, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, Callable, Iterable, Literal, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
 from experiments.metrics import METRIC_COLUMNS
 from hostapps.mlt import payload_for_mtu
+from topologies.leafspine import MAX_PER_TIER
 from topologies.machine import DEFAULT_TCP_CC, available_tcp_cc
 from topologies.shaping import DEFAULT_MTU, MAX_MTU, MIN_MTU
 
@@ -57,22 +63,78 @@ RESERVED_COLUMNS = {"run_id", "rep", "workers", *METRIC_COLUMNS}
 LABEL_PATTERN = re.compile(r"[A-Za-z0-9_.+-]+")
 AXIS_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
+# What one spec may ask for. Reading: a small text file whose values, YAML aliases expanded, are
+# few and shallow (the shipped specs: under 3 KB, 200 values, 8 levels). PyYAML's pure-Python
+# parser, needed to bound the nesting while composing, reads about 300 KB/s.
+MAX_SPEC_BYTES = 256 * 1024
+MAX_VALUES = 10_000
+MAX_DEPTH = 32
+TOO_MANY_VALUES = f"has more than {MAX_VALUES} values with its aliases expanded"
+# Runs: repetitions x matrix points, each validated; the matrix is sized before it is expanded.
+MAX_REPETITIONS = 100
+MAX_AXES = 6
+MAX_RUNS = 1000
+# Fabric sizes. Limits of the fabric's conventions: a tier of switches has MAX_PER_TIER DPIDs
+# (topologies/leafspine.py); a switch's port numbers stay well inside OpenFlow's 0xff00 (this
+# one is not a constant of topologies/); Mininet names port n of a switch `<switch>-eth<n>`, and
+# Linux interface names have at most IFNAMSIZ - 1 characters.
+MAX_SWITCH_PORTS = 1024
+IFNAME_CHARS = 15
+# Limits of this machine (2 cores, 24 GB): every host may run a host app of ~105 MB of private
+# memory (numpy, scikit-learn, the digits; measured), 13.5 GB for 128; one ovs-vswitchd thread
+# forwards every packet of every switch, and a 4x8x4 leaf-spine (12 switches) already takes
+# ~7 s to build and start (../shared/PLATFORM.md).
+MACHINE_HOSTS = 128
+MACHINE_SWITCHES = 64
+# Link rates: topologies/shaping.py gives each of the 8 priority classes a floor of 1% of the
+# link, and tc's smallest rate is 8 kbit/s; tc reads `{rate:g}mbit`, plain decimals up to 999999.
+MIN_RATE_MBIT = 0.8
+MAX_RATE_MBIT = 100_000
+LINK_RATE = (f"a rate in Mbit/s {MIN_RATE_MBIT:g}..{MAX_RATE_MBIT}, so that each class's floor, 1% of it, "
+             "reaches tc's 8 kbit/s")
+# Times after the job starts: finite, and at most iperf3's longest test (a run stops at 600 s).
+MAX_SECONDS = 86_400
+AT_SECONDS = f"seconds after the job starts, 0..{MAX_SECONDS}"
+DURATION_SECONDS = f"seconds, > 0 and at most {MAX_SECONDS}"
+# Messages of the host apps: a fusion bucket, partition or PS slice below 1 KiB (256 floats)
+# costs Python more per message than its bytes (caramel at 16 KB already lost to ready order).
+MIN_PIECE_BYTES = 1024
+MAX_PIECE_BYTES = 1 << 30
+PIECE_BYTES = (f"{MIN_PIECE_BYTES}..{MAX_PIECE_BYTES}, smaller pieces cost a message per "
+               f"{MIN_PIECE_BYTES // 4} floats or fewer")
+# Background flows: flow i's iperf3 servers listen on 5201 + FLOW_PORTS*i + source index
+# (experiments/disturbances.py), below the job's ports 7000 and 7100 (experiments/runner.py).
+FLOW_PORTS = 10
+MAX_FLOWS = 100
+# Seeds grow by one per repetition; scikit-learn's split takes seeds up to 2**32 - 1.
+MAX_SEED = 2 ** 32 - MAX_REPETITIONS
+
 
 class SpecError(ValueError):
     """A spec problem, as one line: `spec error: <dotted path>: <what is wrong>`."""
 
     def __init__(self, path: str, problem: str):
-        super().__init__(f"spec error: {path}: {problem}")
+        super().__init__(_one_line(f"spec error: {path}: {problem}"))
         self.path = path
         self.problem = problem
 
 
+def _one_line(text: str) -> str:
+    """text with its line breaks and other unprintable characters escaped."""
+    return "".join(char if char.isprintable() else char.encode("unicode_escape").decode() for char in text)
+
+
+SHOWN_CHARS = 60
+
+
 def show(value: Any) -> str:
-    """A value as the user wrote it: strings quoted, the rest in YAML flow style."""
+    """A value as the user wrote it, cut short: strings quoted, the rest in YAML flow style."""
     if isinstance(value, str):
-        return repr(value)
-    text = yaml.safe_dump(value, default_flow_style=True, width=float("inf"))
-    return text.removesuffix("\n").removesuffix("\n...").strip()
+        text = repr(value)
+    else:
+        text = yaml.safe_dump(value, default_flow_style=True, width=float("inf"))
+        text = text.removesuffix("\n").removesuffix("\n...").strip()
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}..."
 
 
 def not_allowed(path: str, value: Any, allowed: str) -> SpecError:
@@ -102,6 +164,11 @@ def _count_or_hosts(value: Any) -> bool:
     return value >= 1 if isinstance(value, int) else _unique_names(value)
 
 
+def _fusion(value: str) -> bool:
+    return value in ("none", "horovod", "ddp") or (
+        re.fullmatch(r"[1-9][0-9]{0,9}", value) is not None and MIN_PIECE_BYTES <= int(value) <= MAX_PIECE_BYTES)
+
+
 # ---------------------------------------------------------------------------------------- schema
 
 @dataclass(frozen=True)
@@ -111,8 +178,8 @@ class Topology:
     leaves: int = spec_field(2, "an integer >= 1", lambda n: n >= 1)
     hosts_per_leaf: int = spec_field(2, "an integer >= 1", lambda n: n >= 1)
     k: int = spec_field(4, "an even integer >= 2 (fattree only)", lambda n: n >= 2 and n % 2 == 0)
-    host_bw: float = spec_field(100.0, "a rate in Mbit/s > 0", lambda x: x > 0)
-    fabric_bw: float = spec_field(100.0, "a rate in Mbit/s > 0", lambda x: x > 0)
+    host_bw: float = spec_field(100.0, LINK_RATE, lambda x: MIN_RATE_MBIT <= x <= MAX_RATE_MBIT)
+    fabric_bw: float = spec_field(100.0, LINK_RATE, lambda x: MIN_RATE_MBIT <= x <= MAX_RATE_MBIT)
     mtu: int = spec_field(DEFAULT_MTU, f"an integer {MIN_MTU}..{MAX_MTU} (bytes, every interface of the fabric)",
                           lambda n: MIN_MTU <= n <= MAX_MTU)
     tcp_cc: str = spec_field(DEFAULT_TCP_CC, "a TCP congestion control this kernel offers ("
@@ -124,14 +191,16 @@ class Topology:
 class Controller:
     lb: LoadBalancing = spec_field("ecmp")
     sched: Scheduling = spec_field("fifo")
-    stats_interval_s: float = spec_field(1.0, "a period in seconds > 0", lambda x: x > 0)
+    stats_interval_s: float = spec_field(
+        1.0, "a period in seconds, 0.1..60: a run waits up to two periods for its last port statistics",
+        lambda x: 0.1 <= x <= 60)
 
 
 @dataclass(frozen=True)
 class Model:
     name: ModelName = spec_field("mlp")
-    width: int = spec_field(64, "an integer >= 1 (mlp only)", lambda n: n >= 1)
-    depth: int = spec_field(2, "an integer >= 1 (mlp only)", lambda n: n >= 1)
+    width: int = spec_field(64, "an integer 1..1024 (mlp only)", lambda n: 1 <= n <= 1024)
+    depth: int = spec_field(2, "an integer 1..8 (mlp only)", lambda n: 1 <= n <= 8)
     scale: float = spec_field(0.01, "a fraction of the profile's tensor sizes in (0, 1]",
                               lambda x: 0 < x <= 1)
 
@@ -145,22 +214,25 @@ class Job:
         lambda v: v == "all" or _count_or_hosts(v))
     servers: int | list[str] = spec_field(
         1, "a count >= 1 or a list of distinct host names (ps only)", _count_or_hosts)
-    iterations: int = spec_field(40, "an integer >= 2", lambda n: n >= 2)
-    batch: int = spec_field(48, "an integer >= 1 (global batch, split evenly over the workers)", lambda n: n >= 1)
-    lr: float = spec_field(0.05, "a learning rate > 0", lambda x: x > 0)
-    seed: int = spec_field(0, "an integer >= 0", lambda n: n >= 0)
+    iterations: int = spec_field(40, "an integer 2..10000", lambda n: 2 <= n <= 10_000)
+    batch: int = spec_field(48, "an integer 1..4096 (global batch, split evenly over the workers)",
+                            lambda n: 1 <= n <= 4096)
+    lr: float = spec_field(0.05, "a finite learning rate > 0", lambda x: 0 < x < math.inf)
+    seed: int = spec_field(0, f"an integer 0..{MAX_SEED}: seeds grow by one per repetition up to "
+                           "scikit-learn's 2**32 - 1", lambda n: 0 <= n <= MAX_SEED)
     transport: Transport = spec_field("tcp")
     loss_bound: float = spec_field(0.0, "a fraction in [0, 1) (transport mlt)", lambda x: 0 <= x < 1)
     drop_marking: bool = spec_field(False, "true or false (transport mlt with loss_bound > 0)")
     policy: SendOrder = spec_field("ready")
-    fusion: str = spec_field("none", "none, horovod, ddp or a bucket size in bytes (allreduce)",
-                             lambda v: v in ("none", "horovod", "ddp") or v.isdigit())
+    fusion: str = spec_field("none", f"none, horovod, ddp or a bucket size in bytes as a string, {PIECE_BYTES} "
+                             "(allreduce)", _fusion)
     partition_bytes: int = spec_field(
-        65536, "a byte count >= 4 (allreduce: caramel's first bucket and pipeline segment, bytescheduler's "
-        "partition)", lambda n: n >= 4)
+        65536, f"a byte count {PIECE_BYTES} (allreduce: caramel's first bucket and pipeline segment, "
+        "bytescheduler's partition)", lambda n: MIN_PIECE_BYTES <= n <= MAX_PIECE_BYTES)
     ps_slice_bytes: int = spec_field(
-        0, "a byte count >= 0, a multiple of 4 (ps: each layer pushed and pulled in slices of at most "
-        "this size, as P3; 0: whole layers; allreduce runs ignore it)", lambda n: n >= 0 and n % 4 == 0)
+        0, f"0 or a multiple of 4 in {PIECE_BYTES} (ps: each layer pushed and pulled in slices of at most this "
+        "size, as P3; 0: whole layers; allreduce runs ignore it)",
+        lambda n: n == 0 or (MIN_PIECE_BYTES <= n <= MAX_PIECE_BYTES and n % 4 == 0))
     eval_every: int = spec_field(10, "an integer >= 0 (iterations; 0: only at the end)", lambda n: n >= 0)
     target_accuracy: float = spec_field(0.9, "a fraction in (0, 1]", lambda x: 0 < x <= 1)
 
@@ -168,13 +240,16 @@ class Job:
 @dataclass(frozen=True)
 class Flow:
     """An iperf3 background flow; several sources make an incast into dst."""
-    src: str | list[str] = spec_field(allowed="a host name or a list of distinct host names (incast)",
-                                      check=lambda v: isinstance(v, str) or _unique_names(v))
+    src: str | list[str] = spec_field(
+        allowed=f"a host name or a list of at most {FLOW_PORTS} distinct host names (incast)",
+        check=lambda v: isinstance(v, str) or (_unique_names(v) and len(v) <= FLOW_PORTS))
     dst: str = spec_field(allowed="a host name")
     proto: Literal["tcp", "udp"] = spec_field("tcp")
-    rate_mbps: float = spec_field(0.0, "a rate in Mbit/s >= 0 (0: as fast as it goes)", lambda x: x >= 0)
-    start_s: float = spec_field(0.0, "seconds after the job starts, >= 0", lambda x: x >= 0)
-    duration_s: float = spec_field(10.0, "seconds > 0", lambda x: x > 0)
+    rate_mbps: float = spec_field(
+        0.0, f"0: as fast as it goes, or a rate in Mbit/s 0.001..{MAX_RATE_MBIT}; iperf3 counts whole bits per second",
+        lambda x: x == 0 or 0.001 <= x <= MAX_RATE_MBIT)
+    start_s: float = spec_field(0.0, AT_SECONDS, lambda x: 0 <= x <= MAX_SECONDS)
+    duration_s: float = spec_field(10.0, DURATION_SECONDS, lambda x: 0 < x <= MAX_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -182,12 +257,13 @@ class Fault:
     """A link fault: down, random loss (nftables) or a rate cut, for duration_s from at_s."""
     kind: Literal["link_down", "loss", "rate"] = spec_field()
     link: str = spec_field(allowed="a link of the topology written a-b, e.g. h1-leaf1")
-    at_s: float = spec_field(allowed="seconds after the job starts, >= 0", check=lambda x: x >= 0)
-    duration_s: float = spec_field(allowed="seconds > 0", check=lambda x: x > 0)
-    loss_percent: float | None = spec_field(None, "a percentage in (0, 100], only with kind loss",
-                                            lambda x: x is None or 0 < x <= 100)
-    rate_mbps: float | None = spec_field(None, "a rate in Mbit/s > 0, only with kind rate",
-                                         lambda x: x is None or x > 0)
+    at_s: float = spec_field(allowed=AT_SECONDS, check=lambda x: 0 <= x <= MAX_SECONDS)
+    duration_s: float = spec_field(allowed=DURATION_SECONDS, check=lambda x: 0 < x <= MAX_SECONDS)
+    loss_percent: float | None = spec_field(
+        None, "a percentage 0.01..100, nftables drops in 1/10000ths; only with kind loss",
+        lambda x: x is None or 0.01 <= x <= 100)
+    rate_mbps: float | None = spec_field(None, f"only with kind rate: {LINK_RATE}",
+                                         lambda x: x is None or MIN_RATE_MBIT <= x <= MAX_RATE_MBIT)
 
 
 @dataclass(frozen=True)
@@ -196,7 +272,9 @@ class RunConfig:
     topology: Topology = section(Topology)
     controller: Controller = section(Controller)
     job: Job = section(Job)
-    background: list[Flow] = spec_field([], "a list of flows")
+    background: list[Flow] = spec_field(
+        [], f"a list of at most {MAX_FLOWS} flows: their iperf3 ports stay below the job's",
+        lambda flows: len(flows) <= MAX_FLOWS)
     faults: list[Fault] = spec_field([], "a list of faults")
 
     @property
@@ -227,7 +305,7 @@ class Header:
     name: str = spec_field("experiment", "a name of letters, digits and _.+-",
                            lambda v: LABEL_PATTERN.fullmatch(v) is not None)
     description: str = spec_field("", "text")
-    repetitions: int = spec_field(1, "an integer >= 1", lambda n: n >= 1)
+    repetitions: int = spec_field(1, f"an integer 1..{MAX_REPETITIONS}", lambda n: 1 <= n <= MAX_REPETITIONS)
     matrix: dict = spec_field({}, "a mapping of axis names to axes")
 
 
@@ -237,36 +315,49 @@ _CONFIG_KEYS = tuple(f.name for f in dataclasses.fields(RunConfig))
 
 # ------------------------------------------------------------------------------ parsing by type
 
+def _may_be(annotation: Any, raw: Any) -> bool:
+    """Whether raw is of a YAML type the annotated one takes (a union's member, a list's items and a
+    literal's choices may still refuse it)."""
+    origin = get_origin(annotation)
+    if origin in (Union, UnionType):
+        return any(_may_be(member, raw) for member in get_args(annotation))
+    if dataclasses.is_dataclass(annotation):
+        return raw is None or isinstance(raw, dict)
+    if origin is list:
+        return isinstance(raw, list)
+    if origin is Literal:
+        return not isinstance(raw, bool) and raw in get_args(annotation)
+    if annotation is NoneType:
+        return raw is None
+    if annotation is bool:
+        return isinstance(raw, bool)
+    return isinstance(raw, (int, float) if annotation is float else annotation) and not isinstance(raw, bool)
+
+
 def _parse(annotation: Any, raw: Any, path: str, allowed: str) -> Any:
     """raw converted to the annotated type, or SpecError. Checks are the caller's."""
     origin = get_origin(annotation)
     if origin in (Union, UnionType):
         for member in get_args(annotation):
-            try:
-                return _parse(member, raw, path, allowed)
-            except SpecError:
-                continue
+            if _may_be(member, raw):  # trying the others would only format errors to drop
+                try:
+                    return _parse(member, raw, path, allowed)
+                except SpecError:
+                    continue
         raise not_allowed(path, raw, allowed)
     if dataclasses.is_dataclass(annotation):
         return build(annotation, raw, path)
+    if not _may_be(annotation, raw):
+        raise not_allowed(path, raw, allowed)
     if origin is list:
-        if not isinstance(raw, list):
-            raise not_allowed(path, raw, allowed)
         (item,) = get_args(annotation)
         return [_parse(item, value, f"{path}.{index}", allowed) for index, value in enumerate(raw)]
-    if origin is Literal:
-        if raw not in get_args(annotation) or isinstance(raw, bool):
-            raise not_allowed(path, raw, allowed)
-        return raw
-    if annotation is NoneType and raw is None:
-        return None
-    if annotation is float and isinstance(raw, (int, float)) and not isinstance(raw, bool):
-        return float(raw)
-    if annotation in (int, str, dict) and isinstance(raw, annotation) and not isinstance(raw, bool):
-        return raw
-    if annotation is bool and isinstance(raw, bool):
-        return raw
-    raise not_allowed(path, raw, allowed)
+    if annotation is float:
+        try:
+            return float(raw)
+        except OverflowError:  # an integer beyond any float
+            raise not_allowed(path, raw, allowed) from None
+    return raw
 
 
 def _unknown_key(path: str, key: Any, known: list[str]) -> SpecError:
@@ -279,10 +370,16 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
-def build(cls: type, raw: Any, path: str = "", also_known: tuple[str, ...] = ()) -> Any:
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+def build(cls: type, raw: Any, path: str = "", also_known: tuple[str, ...] = (), base: Any = None) -> Any:
     """An instance of schema dataclass cls from the raw YAML mapping (None = all defaults).
 
     also_known: keys the caller handles itself, only to suggest them for typos.
+    base: an instance of cls whose values the fields raw leaves out keep, instead of their defaults.
     """
     known = [f.name for f in dataclasses.fields(cls)]
     if raw is None:
@@ -292,21 +389,22 @@ def build(cls: type, raw: Any, path: str = "", also_known: tuple[str, ...] = ())
     for key in raw:
         if key not in known:
             raise _unknown_key(path, key, known + list(also_known))
-    hints = get_type_hints(cls)
+    hints = _type_hints(cls)
     values = {}
     for declared in dataclasses.fields(cls):
         field_path = _join(path, declared.name)
         choices = get_args(hints[declared.name]) if get_origin(hints[declared.name]) is Literal else ()
         allowed = declared.metadata.get("allowed") or f"one of {', '.join(choices)}"
         if declared.name not in raw:
-            if declared.default is dataclasses.MISSING and declared.default_factory is dataclasses.MISSING:
+            required = declared.default is dataclasses.MISSING and declared.default_factory is dataclasses.MISSING
+            if required and base is None:
                 raise SpecError(field_path, f"missing ({allowed})")
             continue
         value = _parse(hints[declared.name], raw[declared.name], field_path, allowed)
         if not declared.metadata.get("check", bool)(value):
             raise not_allowed(field_path, raw[declared.name], allowed)
         values[declared.name] = value
-    return cls(**values)
+    return cls(**values) if base is None else dataclasses.replace(base, **values)
 
 
 # ------------------------------------------------------------------------- topology node names
@@ -345,10 +443,53 @@ def topology_links(topology: Topology) -> set[frozenset[str]]:
     return links
 
 
+def _tiers(topology: Topology) -> list[tuple[str, int, int, str, str]]:
+    """Each tier of switches: (name prefix, switches, ports of each, the field sizing the tier,
+    the ports' count in fields, the first of which is blamed for too many)."""
+    if topology.kind == "fattree":
+        k, half = topology.k, topology.k // 2
+        return [("edge", k * half, k, "k", "k"), ("agg", k * half, k, "k", "k"), ("core", half * half, k, "k", "k")]
+    return [("leaf", topology.leaves, topology.hosts_per_leaf + topology.spines, "leaves", "hosts_per_leaf + spines"),
+            ("spine", topology.spines, topology.leaves, "spines", "leaves")]
+
+
+def check_topology(topology: Topology) -> None:
+    """The fabric's size within its DPID plan, OpenFlow port numbers, Linux interface names and
+    this machine; checked before anything counts or names its nodes."""
+    def refuse(name: str, allowed: str) -> SpecError:
+        return not_allowed(f"topology.{name}", getattr(topology, name), allowed)
+
+    tiers = _tiers(topology)
+    for prefix, count, _, sized_by, _ in tiers:
+        if count > MAX_PER_TIER:
+            makes = "" if count == getattr(topology, sized_by) else f"; this makes {count}"
+            raise refuse(sized_by, f"at most {MAX_PER_TIER} {prefix} switches, the DPIDs of one tier{makes}")
+    for prefix, _, ports, _, ports_by in tiers:
+        if ports > MAX_SWITCH_PORTS:
+            raise refuse(ports_by.split(" ")[0], f"at most {MAX_SWITCH_PORTS} ports per switch, well inside "
+                         f"OpenFlow's 0xff00; each {prefix} would have {ports}: {ports_by}")
+    for prefix, count, ports, sized_by, _ in tiers:
+        longest = f"{prefix}{count}-eth{ports}"
+        if len(longest) > IFNAME_CHARS:
+            raise refuse(sized_by, f"Linux interface names have at most {IFNAME_CHARS} characters; {longest} "
+                         f"has {len(longest)}")
+    hosts, switches = _host_count(topology), sum(tier[1] for tier in tiers)
+    if hosts > MACHINE_HOSTS or switches > MACHINE_SWITCHES:
+        if topology.kind == "fattree":
+            blamed = "k"
+        elif hosts > MACHINE_HOSTS:
+            blamed = "hosts_per_leaf" if topology.hosts_per_leaf >= topology.leaves else "leaves"
+        else:
+            blamed = "spines" if topology.spines >= topology.leaves else "leaves"
+        raise refuse(blamed, f"one machine runs at most {MACHINE_HOSTS} hosts and {MACHINE_SWITCHES} switches; "
+                     f"this makes {hosts} hosts and {switches} switches")
+
+
 # ------------------------------------------------------------------------- cross-field checks
 
 def check_config(config: RunConfig) -> None:
-    """The rules that span fields: hosts exist, placements fit, faults name real links."""
+    """The rules that span fields: the fabric fits, hosts exist, placements fit, faults name real links."""
+    check_topology(config.topology)
     hosts = config.hosts
     job = config.job
     for name in ("workers", "servers"):
@@ -396,7 +537,7 @@ def check_config(config: RunConfig) -> None:
                 raise not_allowed(f"background.{index}.{end}", name, f"a host of h1..h{len(hosts)}")
         if flow.dst in sources:
             raise not_allowed(f"background.{index}.dst", flow.dst, "a host other than the sources")
-    links = topology_links(config.topology)
+    links = topology_links(config.topology) if config.faults else set()
     for index, fault in enumerate(config.faults):
         path = f"faults.{index}"
         if frozenset(fault.link.split("-", 1)) not in links or fault.link.count("-") != 1:
@@ -438,6 +579,136 @@ def get_field(config: Any, dotted: str) -> Any:
     return config
 
 
+# -------------------------------------------------------------------------------------- reading
+
+class YamlLimitError(yaml.YAMLError):
+    """Valid YAML that no spec may be: nested too deeply, too large with its aliases expanded, or
+    containing itself."""
+
+
+def _shape_problem(root: Any, parts: Callable[[Any], Iterable[tuple[str, Any]]]) -> tuple[str, str] | None:
+    """(dotted path, problem) where root, with its shared parts (YAML aliases) expanded, is nested
+    deeper than MAX_DEPTH levels, has more than MAX_VALUES values or contains itself; else None.
+
+    parts(x) gives x's labelled parts. Linear in the distinct parts: each is measured once, so
+    an alias bomb costs what its text does."""
+    measured: dict[int, tuple[int, int]] = {}  # id -> (values, levels) of a part measured
+    open_ids = {id(root)}
+    stack = [[root, [], iter(parts(root)), 1, 1]]  # part, path, parts left, values, levels so far
+    while stack:
+        entry = stack[-1]
+        step = next(entry[2], None)
+        if step is None:
+            stack.pop()
+            open_ids.discard(id(entry[0]))
+            measured[id(entry[0])] = (entry[3], entry[4])
+            if stack:
+                parent = stack[-1]
+                parent[3] += entry[3]
+                parent[4] = max(parent[4], entry[4] + 1)
+                if parent[3] > MAX_VALUES:
+                    return ".".join(parent[1]), TOO_MANY_VALUES
+            continue
+        label, child = step
+        path = entry[1] + [label]
+        if id(child) in open_ids:
+            return ".".join(path), "contains itself (a recursive alias)"
+        if id(child) in measured:
+            values, levels = measured[id(child)]
+            if len(path) + levels > MAX_DEPTH:
+                return ".".join(path), f"is nested deeper than {MAX_DEPTH} levels"
+            entry[3] += values
+            entry[4] = max(entry[4], levels + 1)
+            if entry[3] > MAX_VALUES:
+                return ".".join(entry[1]), TOO_MANY_VALUES
+        elif len(path) >= MAX_DEPTH:
+            return ".".join(path), f"is nested deeper than {MAX_DEPTH} levels"
+        else:
+            open_ids.add(id(child))
+            stack.append([child, path, iter(parts(child)), 1, 1])
+    return None
+
+
+def _value_parts(value: Any) -> Iterable[tuple[str, Any]]:
+    """The keys and items of a loaded YAML value."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            label = key if isinstance(key, str) else show(key)
+            yield from ((label, key), (label, item))
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        yield from ((str(index), item) for index, item in enumerate(value))
+
+
+def _node_parts(node: yaml.Node) -> Iterable[tuple[str, yaml.Node]]:
+    """The keys and items of a composed YAML node."""
+    if isinstance(node, yaml.MappingNode):
+        for key, item in node.value:
+            label = key.value if isinstance(key, yaml.ScalarNode) else "?"
+            yield from ((label, key), (label, item))
+    elif isinstance(node, yaml.SequenceNode):
+        yield from ((str(index), item) for index, item in enumerate(node.value))
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """yaml.SafeLoader within the spec limits, failing early: nesting bounded while scanning (the
+    scanner looks ahead across every open bracket, in quadratic time) and composing (before
+    Python's recursion limit), values counted while composing, the composed document measured
+    with its aliases expanded before any value is constructed (PyYAML copies merged keys while
+    constructing: merges of merges grow exponentially), and values its constructors cannot
+    build reported as YAML errors."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._values = 0
+
+    @staticmethod
+    def _too_deep(mark: yaml.Mark) -> YamlLimitError:
+        return YamlLimitError(f"the document is nested deeper than {MAX_DEPTH} levels at line {mark.line + 1}, "
+                              f"column {mark.column + 1}")
+
+    def fetch_flow_collection_start(self, token_class: type) -> None:
+        if self.flow_level >= MAX_DEPTH:
+            raise self._too_deep(self.get_mark())
+        super().fetch_flow_collection_start(token_class)
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        if self._depth >= MAX_DEPTH:
+            raise self._too_deep(self.peek_event().start_mark)
+        self._values += 1
+        if self._values > MAX_VALUES:
+            raise YamlLimitError(f"the document {TOO_MANY_VALUES}")
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def compose_document(self) -> yaml.Node:
+        node = super().compose_document()
+        problem = _shape_problem(node, _node_parts)
+        if problem:
+            raise YamlLimitError(f"{problem[0] or 'the document'} {problem[1]}")
+        return node
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except ValueError as error:  # e.g. the date 2020-13-45, an integer of over 4300 digits
+            raise yaml.constructor.ConstructorError(None, None, str(error), node.start_mark) from None
+
+
+def load_yaml(text: str) -> Any:
+    """yaml.safe_load of text within the spec limits; every failure is a yaml.YAMLError."""
+    loader = _SpecLoader(text)
+    try:
+        return loader.get_single_data()
+    except RecursionError:  # the limits above keep PyYAML well inside Python's; should they not
+        raise YamlLimitError("the document is nested too deeply") from None
+    finally:
+        loader.dispose()
+
+
 # ----------------------------------------------------------------------------------- overrides
 
 def set_dotted(document: dict, key: str, value: Any) -> None:
@@ -470,7 +741,7 @@ def apply_sets(document: dict, assignments: list[str]) -> None:
         if not separator or not key:
             raise SpecError(f"--set {assignment}", "expected key=value, e.g. topology.spines=4")
         try:
-            value = yaml.safe_load(text)
+            value = load_yaml(text)
         except yaml.YAMLError as error:
             raise not_allowed(key, text, f"a YAML value: {str(error).splitlines()[0]}") from None
         set_dotted(document, key.strip(), value)
@@ -602,9 +873,12 @@ def scheme_of(run_id: str) -> str:
     return ",".join(parts) or "base"
 
 
-def _resolve(document: dict) -> RunConfig:
-    config_document = {key: value for key, value in document.items() if key not in _HEADER_KEYS}
-    config = build(RunConfig, config_document, also_known=_HEADER_KEYS)
+def _resolve(document: dict, base: RunConfig | None = None, sections: set[str] = frozenset()) -> RunConfig:
+    """The checked RunConfig of a document; with base, only its sections named in `sections` are
+    built (the others are base's, built from the same values)."""
+    config_document = {key: value for key, value in document.items()
+                       if key not in _HEADER_KEYS and (base is None or key in sections)}
+    config = build(RunConfig, config_document, also_known=_HEADER_KEYS, base=base)
     check_config(config)
     return config
 
@@ -614,23 +888,37 @@ def parse_spec(document: Any, sets: list[str] = ()) -> Spec:
     """Validate a raw spec document (plus --set overrides) and expand its runs."""
     if not isinstance(document, dict):
         raise not_allowed("spec", document, "a YAML mapping with topology, controller, job, ...")
+    problem = _shape_problem(document, _value_parts)
+    if problem:
+        raise SpecError(problem[0] or "spec", problem[1])
     document = copy.deepcopy(document)
     apply_sets(document, list(sets))
     header = build(Header, {key: document[key] for key in _HEADER_KEYS if key in document})
+    if len(header.matrix) > MAX_AXES:
+        raise not_allowed("matrix", list(header.matrix), f"at most {MAX_AXES} axes")
     base = _resolve(document)
     axes = [_parse_axis(name, raw) for name, raw in header.matrix.items()]
     if sum(axis.baseline is not None for axis in axes) > 1:
         raise not_allowed("matrix", [axis.name for axis in axes if axis.baseline], "a baseline on one axis at most")
+    point_count = math.prod(len(axis.values) for axis in axes)
+    if point_count > MAX_RUNS:
+        raise SpecError("matrix", f"{point_count} points is not allowed (at most {MAX_RUNS} runs in all)")
+    if point_count * header.repetitions > MAX_RUNS:
+        raise not_allowed("repetitions", header.repetitions, f"at most {MAX_RUNS // point_count} with the "
+                          f"matrix's {point_count} points: at most {MAX_RUNS} runs in all")
     points = itertools.product(*[list(axis.values) for axis in axes])
     resolved = []
     for labels in points:
         point = dict(zip([axis.name for axis in axes], labels))
-        point_document = copy.deepcopy(document)
-        for axis in axes:
-            for key, value in axis.values[point[axis.name]].items():
-                set_dotted(point_document, str(key), value)
+        overrides = [(str(key), value) for axis in axes for key, value in axis.values[point[axis.name]].items()]
+        # Only the sections a point overrides are copied and validated again: a big background
+        # list is checked once, not once per point.
+        sections = {key.split(".")[0] for key, _ in overrides}
+        point_document = {key: copy.deepcopy(value) if key in sections else value for key, value in document.items()}
+        for key, value in overrides:
+            set_dotted(point_document, key, value)
         try:
-            resolved.append((point, _resolve(point_document)))
+            resolved.append((point, _resolve(point_document, base, sections)))
         except SpecError as error:
             point_name = ",".join(f"{axis}={label}" for axis, label in point.items())
             raise SpecError(error.path, f"{error.problem} (in run {point_name})") from None
@@ -647,10 +935,25 @@ def parse_spec(document: Any, sets: list[str] = ()) -> Spec:
 
 def load_spec(path: str | Path, sets: list[str] = ()) -> Spec:
     """Read, validate and expand a YAML spec file."""
+    where = str(path)
     try:
-        document = yaml.safe_load(Path(path).read_text())
+        with open(path, "rb") as file:
+            data = file.read(MAX_SPEC_BYTES + 1)
     except OSError as error:
-        raise SpecError(str(path), f"cannot be read ({error.strerror})") from None
+        raise SpecError(where, f"cannot be read ({error.strerror or error})") from None
+    if len(data) > MAX_SPEC_BYTES:
+        raise SpecError(where, f"is more than {MAX_SPEC_BYTES // 1024} KiB, too large for a spec")
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise SpecError(where, f"is not a text file (a NUL byte at offset {nul})")
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as error:
+        raise SpecError(where, f"is not UTF-8 text (byte {data[error.start]:#04x} at offset {error.start})") from None
+    try:
+        document = load_yaml(text)
+    except YamlLimitError as error:
+        raise SpecError(where, f"is not allowed ({error})") from None
     except yaml.YAMLError as error:
-        raise SpecError(str(path), f"is not valid YAML ({' '.join(str(error).split())})") from None
+        raise SpecError(where, f"is not valid YAML ({' '.join(str(error).split())})") from None
     return parse_spec(document, sets)

@@ -2,8 +2,11 @@
 import io
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
+
+import pytest
 
 from experiments.__main__ import RESULTS_DIR, main
 from experiments.progress import Progress
@@ -56,6 +59,31 @@ def test_module_entry_point():
     result = subprocess.run([sys.executable, "-m", "experiments", "validate", SMOKE],
                             capture_output=True, text=True, cwd=REPO, timeout=60)
     assert result.returncode == 0 and result.stdout.startswith("smoke: 2 runs")
+
+
+@pytest.mark.parametrize("content,problem", [
+    (bytes(range(256)) * 4, "is not a text file (a NUL byte at offset 0)"),
+    (b"name: \xff\xfe\n", "is not UTF-8 text (byte 0xff at offset 6)"),
+    (b"a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n" + b"".join(  # "billion laughs"
+        b"a%d: &a%d [%s]\n" % (i, i, b", ".join([b"*a%d" % (i - 1)] * 10)) for i in range(1, 10)),
+     "is not allowed (a3 has more than 10000 values with its aliases expanded)"),
+    (b"[" * 200000, "is not allowed (the document is nested deeper than 32 levels at line 1, column 33)"),
+], ids=["binary", "bad-utf8", "alias-bomb", "deep-nesting"])
+def test_validate_refuses_hostile_files_with_one_line_quickly(tmp_path, content, problem):
+    path = tmp_path / "spec.yaml"
+    path.write_bytes(content)
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "experiments", "validate", str(path)],
+                            capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert time.monotonic() - started < 2
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == f"spec error: {path}: {problem}\n"
+
+
+@pytest.mark.parametrize("name,problem", [("missing.yaml", "No such file or directory"), (".", "Is a directory")])
+def test_validate_refuses_unreadable_paths_with_one_line(tmp_path, capsys, name, problem):
+    assert main(["validate", str(tmp_path / name)]) == 2
+    assert capsys.readouterr().err == f"spec error: {tmp_path / name}: cannot be read ({problem})\n"
 
 
 def test_progress_counts_runs_and_iterations():
