@@ -49,7 +49,6 @@ WORKER_PORT = 7000
 SERVER_PORT = 7100
 PEER_TIMEOUT_S = 30.0   # host apps fail when a peer stays silent this long
 RUN_TIMEOUT_S = 600.0   # a job still running after this is killed and its run failed
-CPU_SAMPLE_S = 0.5
 POLL_S = 0.2
 
 

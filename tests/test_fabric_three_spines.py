@@ -2,14 +2,16 @@
 links) in each LB mode: load balancing, priority classes, link failures, statistics."""
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import time
 
 import pytest
 
-from fabric_tools import (LB_MODES, PYTHON, SPRAYER, delta, goodput_mbps, iperf,
-                                make_fabric, spine_rx, wait_until)
+from fabric_tools import (LB_MODES, PYTHON, SPRAYER, delta, goodput_mbps, iperf, make_fabric, spine_rx,
+                          wait_until)
+from topologies.shaping import leaf_handle
 
 pytestmark = pytest.mark.integration
 
@@ -148,11 +150,11 @@ def test_controller_marks_a_flow(three_spines):
 
 
 def cs_queue_drops(dev: str, cs: int) -> int:
-    """Packets dropped by the FIFO of class selector `cs` on a switch port (topologies/shaping.py)."""
-    out = subprocess.run(["tc", "-s", "qdisc", "show", "dev", dev], capture_output=True,
-                         text=True, check=True).stdout
-    block = out.split(f"qdisc bfifo {0x10 + cs:x}: ")[1]
-    return int(re.search(r"dropped (\d+)", block).group(1))
+    """Packets dropped by the queue of class selector `cs` on a switch port (topologies/shaping.py)."""
+    qdiscs = json.loads(subprocess.run(["tc", "-s", "-j", "qdisc", "show", "dev", dev], capture_output=True,
+                                       text=True, check=True).stdout)
+    (queue,) = [q for q in qdiscs if q.get("handle") == leaf_handle(cs)]
+    return queue["drops"]
 
 
 JOB = {"job": "resnet-ish", "policy": "layer", "hosts": ["10.0.0.1", "10.0.0.3"],

@@ -5,7 +5,8 @@ port), iperf3 TCP flows from leaf1's hosts to leaf2's hosts crossing the spines:
 then 8 flows both ways, at each MTU asked for (default 1500 and 9000). Per case: aggregate goodput,
 the slowest and fastest flow, ovs-vswitchd's CPU (all threads, and its busiest thread, which
 forwards every packet), the machine's CPU, and what the switches dropped outside their class
-queues (transmit errors in the OVS log, port-socket receive drops).
+queues (transmit errors in the OVS log, port-socket receive drops). Then strict priority at each
+MTU: a CS5 and an unmarked TCP flow from two hosts into one host's 20 Mbit/s port.
 """
 from __future__ import annotations
 
@@ -63,6 +64,26 @@ def measure(fab: Fabric, case: Case, seconds: float) -> dict:
             "port_socket_drops": sum(port_socket_drops().values()) - drops0}
 
 
+PRIORITY_PORT_MBPS = 20
+
+
+def priority(mtu: int, seconds: float) -> dict:
+    """CS5 (h1) and unmarked (h2) TCP into h3's PRIORITY_PORT_MBPS port, started together."""
+    params = {"spines": 2, "leaves": 2, "hosts": 2, "host_bw": PRIORITY_PORT_MBPS, "fabric_bw": 100,
+              "mtu": mtu}
+    with Fabric("leafspine", params, lb="ecmp") as fab:
+        fab.wait_reachable()
+        for port in (5301, 5302):
+            fab.popen("h3", ["iperf3", "-s", "-1", "-p", str(port)])
+        time.sleep(0.5)
+        clients = [fab.popen(src, ["iperf3", "-c", "10.0.0.3", "-p", str(port), "-t", str(seconds), "-J",
+                                   "--dscp", str(dscp)])
+                   for src, port, dscp in (("h1", 5301, 40), ("h2", 5302, 0))]
+        cs5, unmarked = (json.loads(c.communicate(timeout=seconds + 30)[0])["end"]["sum_received"]
+                         ["bits_per_second"] / 1e6 for c in clients)
+    return {"case": f"MTU {mtu}, priority", "cs5_mbps": cs5, "unmarked_mbps": unmarked}
+
+
 def run(mtus: list[int], seconds: float, host_bw: float, fabric_bw: float) -> list[dict]:
     rows = []
     for mtu in mtus:
@@ -73,6 +94,10 @@ def run(mtus: list[int], seconds: float, host_bw: float, fabric_bw: float) -> li
             for both_ways in (False, True):
                 rows.append(measure(fab, Case(mtu, both_ways), seconds))
                 print(format_row(rows[-1], host_bw), flush=True)
+    for mtu in mtus:
+        rows.append(priority(mtu, seconds))
+        print(f"{rows[-1]['case']:<32} CS5 TCP {rows[-1]['cs5_mbps']:5.1f} Mbit/s, unmarked TCP "
+              f"{rows[-1]['unmarked_mbps']:5.1f} Mbit/s into one {PRIORITY_PORT_MBPS} Mbit/s port", flush=True)
     return rows
 
 
