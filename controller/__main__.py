@@ -39,6 +39,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--stats-interval", type=float, default=1.0,
                         help="seconds between port/group statistics polls")
     parser.add_argument("--stats-csv", default="", help="append port statistics to this CSV")
+    parser.add_argument("--hosts-file", default="",
+                        help="JSON list of hosts known in advance ({ip, mac, dpid, port}), routed as soon "
+                             "as their switch connects (the runner passes its fabric's)")
     parser.add_argument("--log-file", default="", help="log here instead of stderr")
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
@@ -67,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     ryu_args = ["--ofp-listen-host", "127.0.0.1", "--ofp-tcp-listen-port", str(args.ofp_port),
                 "--wsapi-host", "127.0.0.1", "--wsapi-port", str(args.rest_port),
                 "--fabric-lb", args.lb, "--fabric-stats-interval", str(args.stats_interval),
-                "--fabric-stats-csv", args.stats_csv]
+                "--fabric-stats-csv", args.stats_csv, "--fabric-hosts-file", args.hosts_file]
     if args.log_file:
         ryu_args += ["--log-file", args.log_file]
     if args.verbose:

@@ -8,10 +8,12 @@ Run it with `python -m controller` (or see README for plain ryu-manager).
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import struct
 import time
-from typing import Iterator
+from pathlib import Path
+from typing import Callable, Iterator
 
 from ryu import cfg
 from ryu.app.wsgi import WSGIApplication
@@ -23,12 +25,12 @@ from ryu.lib.packet import arp, ethernet, ipv4, packet
 from ryu.ofproto import ofproto_v1_5
 
 import controller.flags  # noqa: F401  (registers the [fabric] options)
-from controller.priority import MAX_MARKS, PROTOCOLS, FlowClass, ingress_switch
+from controller.priority import MAX_MARKS, PROTOCOLS, FlowClass, ingress_switch, parse_int, parse_ipv4
 from controller.rest import CapacityError, FabricRestController, cooperatively, serve
 from controller.routing import Group, Output, SwitchPlan, plan_fabric
 from controller.scheduling import Job, describe_job, job_flow_classes
 from controller.stats import PortStatsWriter
-from controller.topology import FabricView
+from controller.topology import FabricView, Host
 
 LOG = logging.getLogger("fabric")
 
@@ -42,6 +44,8 @@ PROBE_SRC_BYTES = bytes.fromhex("020000000001")
 PROBE_MAGIC = b"DNNTB-PROBE"
 # An ARP request we flood may come back to us through the fabric; ignore such echoes this long.
 FLOOD_ECHO_S = 0.5
+# A packet held until the switches confirm its route (barrier replies) goes anyway after this long.
+RELEASE_TIMEOUT_S = 1.0
 NTR_VENDOR_ID, NTRT_SELECTION_METHOD = 0x0000154D, 1
 OFPGC_ADD_OR_MOD = 0x8000  # OVS extension: add a group or replace it, i.e. idempotent
 MAX_JOBS = 16  # registered training jobs (the runner registers one per run)
@@ -54,6 +58,16 @@ def selection_method_prop(parser, method: str, param: int = 0):
     return parser.OFPGroupPropExperimenter(
         type_=ofproto_v1_5.OFPGPT_EXPERIMENTER, experimenter=NTR_VENDOR_ID,
         exp_type=NTRT_SELECTION_METHOD, data=list(struct.unpack(f"!{len(body) // 4}I", body)))
+
+
+def load_hosts(path: str) -> list[Host]:
+    """The hosts file: a JSON list of {ip, mac, dpid, port}; a bad one stops the controller."""
+    try:
+        entries = json.loads(Path(path).read_text())
+        return [Host(parse_ipv4("ip", e["ip"]), str(e["mac"]), parse_int("dpid", e["dpid"], 1, (1 << 64) - 1),
+                     parse_int("port", e["port"], 1, 0xFFFFFF00)) for e in entries]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise SystemExit(f"error: --hosts-file {path}: {error}") from None
 
 
 class ErrorCounter(logging.Handler):
@@ -86,12 +100,15 @@ class FabricController(app_manager.RyuApp):
         self.marks_epoch = 0
         self._wanted: tuple[int, dict[int | None, dict[tuple, FlowClass]]] = (-1, {})
         self.recent_floods: dict[tuple[str, str], float] = {}
+        # Packet-outs waiting for barrier replies: [(dpid, xid) still awaited, the release].
+        self.pending_releases: list[list] = []
         self.port_stats: dict[int, dict[int, dict]] = {}
         self.group_stats: dict[int, dict[int, list[int]]] = {}
         self.errors = ErrorCounter()
         logging.getLogger().addHandler(self.errors)
         self.stats_writer = PortStatsWriter(conf.stats_csv) if conf.stats_csv else None
         self.stats_interval = conf.stats_interval
+        self.known_hosts = load_hosts(conf.hosts_file) if conf.hosts_file else []
         self.probe_interval = conf.probe_interval
         # Our own WSGI app and server, not Ryu's "wsgi" context: Ryu starts that server with
         # no connection limits or timeouts (see controller/rest.py).
@@ -222,6 +239,9 @@ class FabricController(app_manager.RyuApp):
         self.datapaths[dp.id] = dp
         self.view.add_switch(dp.id, name, ports)
         LOG.info("switch %s (%016x) connected with %d ports", name, dp.id, len(ports))
+        for host in self.known_hosts:
+            if host.dpid == dp.id:
+                self.view.learn_host(host.ip, host.mac, host.dpid, host.port)
         self.recompute()
         for port in self.view.switches[dp.id].live_ports():
             self.send_probe(dp, port)
@@ -316,32 +336,74 @@ class FabricController(app_manager.RyuApp):
         key = (arp_pkt.src_ip, arp_pkt.dst_ip)
         if arp_pkt.opcode == arp.ARP_REQUEST and now - self.recent_floods.get(key, -1e9) < FLOOD_ECHO_S:
             return  # our own flood coming back through another switch
+        changed = set()
         if self.view.learn_host(arp_pkt.src_ip, arp_pkt.src_mac, dp.id, in_port):
-            self.recompute()
+            changed = self.recompute()
         target = self.view.hosts.get(arp_pkt.dst_ip)
         if target is not None:
-            # Routes to the target now exist; hand the packet straight to its port.
-            self.packet_out(self.datapaths[target.dpid], target.port, data)
+            # Routes to the target exist; hand the packet straight to its port.
+            outputs = [(target.dpid, target.port)]
+        else:
+            # Unknown target: flood to every edge port of the fabric (never into it: no loops).
+            self.recent_floods[key] = now
+            outputs = [(dpid, port) for dpid in self.datapaths for port in self.view.edge_ports(dpid)
+                       if (dpid, port) != (dp.id, in_port)]
+        self.after_barriers(changed, lambda: self.packets_out(outputs, data))
+
+    def packets_out(self, outputs: list[tuple[int, int]], data: bytes) -> None:
+        for dpid, port in outputs:
+            if (dp := self.datapaths.get(dpid)) is not None:
+                self.packet_out(dp, port, data)
+
+    def after_barriers(self, dpids: set[int], release: Callable[[], None]) -> None:
+        """Run `release` once every switch in `dpids` has answered a barrier, i.e. applied every
+        flow sent to it before. An ARP reply released at once let the first ping overtake its
+        route on another switch's connection, and 1 in 30 first pings was lost."""
+        waiting = set()
+        for dpid in dpids:
+            if (dp := self.datapaths.get(dpid)) is not None:
+                request = dp.ofproto_parser.OFPBarrierRequest(dp)
+                dp.send_msg(request)  # sets its xid
+                waiting.add((dpid, request.xid))
+        if not waiting:
+            release()
             return
-        # Unknown target: flood to every edge port of the fabric (never into it: no loops).
-        self.recent_floods[key] = now
-        for dpid, other in self.datapaths.items():
-            for port in self.view.edge_ports(dpid):
-                if (dpid, port) != (dp.id, in_port):
-                    self.packet_out(other, port, data)
+        pending = [waiting, release]
+        self.pending_releases.append(pending)
+        hub.spawn_after(RELEASE_TIMEOUT_S, self._release, pending)  # a switch that never answers
+
+    def _release(self, pending: list) -> None:
+        if pending in self.pending_releases:
+            self.pending_releases.remove(pending)
+            pending[1]()
+
+    @set_ev_cls(ofp_event.EventOFPBarrierReply, MAIN_DISPATCHER)
+    def barrier_reply_handler(self, ev) -> None:
+        answered = (ev.msg.datapath.id, ev.msg.xid)
+        for pending in list(self.pending_releases):
+            pending[0].discard(answered)
+            if not pending[0]:
+                self._release(pending)
 
     # -- installing decisions -----------------------------------------------------------------
-    def recompute(self) -> None:
-        """Plan every switch from the view and send each only what changed."""
+    def recompute(self) -> set[int]:
+        """Plan every switch from the view and send each only what changed; returns the DPIDs
+        whose routes or groups changed."""
         plans = plan_fabric(self.view, self.lb)
         self.marks_epoch += 1  # a host may have moved to another switch
+        changed = set()
         for dpid, dp in list(self.datapaths.items()):
-            self.apply_plan(dp, plans.get(dpid, SwitchPlan()))
+            if self.apply_plan(dp, plans.get(dpid, SwitchPlan())):
+                changed.add(dpid)
             self.apply_marks(dp)
+        return changed
 
-    def apply_plan(self, dp, plan: SwitchPlan) -> None:
+    def apply_plan(self, dp, plan: SwitchPlan) -> bool:
+        """Send what differs from what the switch has; True when something did."""
         parser = dp.ofproto_parser
         old = self.installed.setdefault(dp.id, SwitchPlan())
+        if old == plan:
+            return False
         for gid, group in plan.groups.items():
             if old.groups.get(gid) != group:
                 self.send_group(dp, group)
@@ -356,6 +418,7 @@ class FabricController(app_manager.RyuApp):
             for gid in old.groups.keys() - plan.groups.keys():
                 self.delete_group(dp, gid)
         self.installed[dp.id] = plan
+        return True
 
     def all_flow_classes(self) -> list[FlowClass]:
         """The REST marks, then every job's (a later class for one match replaces an earlier)."""

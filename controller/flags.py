@@ -16,4 +16,7 @@ if "fabric" not in cfg.CONF:
         cfg.FloatOpt("stats-interval", default=1.0, help="seconds between port/group stat polls"),
         cfg.StrOpt("stats-csv", default="", help="append port statistics to this CSV file"),
         cfg.FloatOpt("probe-interval", default=1.0, help="seconds between link-discovery probes"),
+        cfg.StrOpt("hosts-file", default="",
+                   help="JSON list of hosts known in advance ({ip, mac, dpid, port}): routed as soon as "
+                        "their switch connects, e.g. after a controller restart"),
     ], group="fabric")

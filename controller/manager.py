@@ -1,5 +1,5 @@
 """`ryu-manager` for Python 3.11: Ryu 4.34 imports eventlet.wsgi.ALREADY_HANDLED, which current
-eventlet no longer has (PLATFORM.md). Same arguments as ryu-manager, e.g.
+eventlet no longer has (docs/platform.md). Same arguments as ryu-manager, e.g.
     .venv/bin/python -m controller.manager --user-flags controller/flags.py controller/app.py
 Importing this module only installs the shim (tests do, before importing ryu.app.wsgi).
 """

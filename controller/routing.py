@@ -16,7 +16,7 @@ from controller.topology import FabricView
 
 LB_MODES = ("ecmp", "spray", "single")
 # OVS selection methods (OpenFlow 1.5 Netronome extension); "" is OVS's default hash, which
-# covers TCP/SCTP ports but not UDP ones (checked on OVS 3.1, see PLATFORM.md).
+# covers TCP/SCTP ports but not UDP ones (checked on OVS 3.1, see docs/platform.md).
 SELECTION_METHOD = {"ecmp": "", "spray": "dp_hash"}
 MAX_GROUP_ID = 0xFFFFFF00  # OFPG_MAX
 

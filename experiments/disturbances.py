@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from experiments.spec import FLOW_PORTS, Fault, Flow, RunConfig
+from topologies.cleanup import OWNER_KEY
 from topologies.fabric import Fabric, kill_group
 from topologies.shaping import htb_classes
 
@@ -163,7 +164,8 @@ def _loss(fab: Fabric, fault: Fault) -> tuple[Callable[[], None], Callable[[], N
             family, hook = ("inet", "output") if intf.node.inNamespace else (
                 "netdev", f'egress device "{intf.name}"')
             table = _nft_table(intf)
-            _checked(intf, f"nft add table {family} {table}")
+            # marked ours, so that clean-up can tell it from anyone else's
+            _checked(intf, f"nft add table {family} {table} '{{ comment \"{OWNER_KEY}\"; }}'")
             _checked(intf, f"nft 'add chain {family} {table} loss {{ type filter hook {hook} priority 0 ; }}'")
             _checked(intf, f"nft add rule {family} {table} loss oifname {intf.name} "
                            f"numgen random mod 10000 '<' {threshold} drop")

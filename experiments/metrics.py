@@ -31,7 +31,7 @@ from topologies.shaping import ETHERNET_HEADER_BYTES
 METRIC_COLUMNS = [
     "iter_time_mean_s", "iter_time_p50_s", "iter_time_p99_s", "samples_per_s",
     "final_accuracy", "time_to_accuracy_s", "bytes_sent", "lower_bound_s",
-    "tictac_efficiency", "speedup_vs_baseline", *FIDELITY_COLUMNS,
+    "tictac_efficiency", "speedup_vs_baseline", "uplink_imbalance", *FIDELITY_COLUMNS,
 ]
 TCP_IP_HEADER_BYTES = 52  # IPv4 20 + TCP 20 + the timestamp option 12
 

@@ -14,6 +14,7 @@ import pandas as pd  # noqa: E402
 
 from experiments.metrics import fabric_link_utilization, link_imbalance, per_run  # noqa: E402
 from experiments.results import read_tables  # noqa: E402
+from hostapps.files import atomic_open  # noqa: E402
 
 
 def _panels(rows: pd.DataFrame) -> tuple[plt.Figure, list[tuple[plt.Axes, pd.DataFrame]]]:
@@ -32,7 +33,8 @@ def _colors(schemes: list[str]) -> dict[str, tuple]:
 
 def _save(figure: plt.Figure, path: Path) -> Path:
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    with atomic_open(path, "wb") as file:
+        figure.savefig(file, dpi=110, format="png")
     plt.close(figure)
     return path
 

@@ -23,6 +23,7 @@ import json
 import math
 import os
 import platform
+import sys
 import re
 import subprocess
 import time
@@ -36,6 +37,7 @@ from experiments import fidelity, metrics
 from experiments.sampler import CPU_COLUMNS, DRAIN_COLUMNS, QUEUE_COLUMNS, SOCKET_COLUMNS
 from experiments.spec import CONFIG_COLUMNS, Run, Spec, get_field, parse_spec, scheme_of
 from hostapps import records
+from hostapps.files import atomic_open, write_text
 from topologies.machine import (ALLOWED_TCP_CC, SOCKET_BUFFERS, read_sysctl,
                                 transmit_buffer_bytes)
 
@@ -54,14 +56,18 @@ PORT_RATE_COLUMNS = ["switch", "port", "peer", "rate_mbps", "tier"]
 QUEUE_TOTAL_COLUMNS = ["switch", "port", "cs", "sent_pkts", "dropped_pkts"]
 
 PROCESS_DIR = re.compile(r"(?P<host>.+)-(?P<role>worker|server)(?P<rank>\d+)")
+# Port statistics silent for this many polling intervals: a gap (a controller restarting, say).
+PORT_STATS_GAP_INTERVALS = 3
 RUN_STATUSES = ("ok", "failed")
+RECORD_COLUMNS = ["faults", "data_gaps"]
 
 
 def runs_columns(axes: list[str]) -> list[str]:
-    """runs.csv header: run_id, the axes (but those that are config columns), rep, config, metrics."""
+    """runs.csv header: run_id, the axes (but those that are config columns), rep, config, metrics,
+    then the faults the run survived and the data its metrics lack."""
     axis_columns = [axis for axis in axes if axis not in CONFIG_COLUMNS]
     config_columns = ["mode", "lb", "sched", "transport", "loss_bound", "workers", "iterations"]
-    return ["run_id", *axis_columns, "rep", *config_columns, *metrics.METRIC_COLUMNS]
+    return ["run_id", *axis_columns, "rep", *config_columns, *metrics.METRIC_COLUMNS, *RECORD_COLUMNS]
 
 
 # ------------------------------------------------------------------------------ layout, writers
@@ -87,9 +93,9 @@ def start_output(out_dir: str | Path, spec: Spec, resume: bool) -> Path:
     elif not resume and spec_path.exists():
         raise ValueError(f"{out}: holds results already; pass --resume or another --out")
     out.mkdir(parents=True, exist_ok=True)
-    spec_path.write_text(yaml.safe_dump(document, sort_keys=False))
+    write_text(spec_path, yaml.safe_dump(document, sort_keys=False))
     if not (out / "meta.json").exists():
-        (out / "meta.json").write_text(json.dumps(environment(spec), indent=2) + "\n")
+        write_text(out / "meta.json", json.dumps(environment(spec), indent=2) + "\n")
     return out
 
 
@@ -151,27 +157,61 @@ def _sysctl(name: str) -> str | None:
         return None
 
 
+def write_csv(frame: pd.DataFrame, path: str | Path) -> None:
+    """A CSV written whole or not at all."""
+    with atomic_open(path, newline="") as file:
+        frame.to_csv(file, index=False)
+
+
 def write_run_record(out_dir: str | Path, run: Run, status: str, start_s: float, end_s: float,
-                     error: str = "") -> Path:
-    """runs/<run_id>/run.json: the run (see Run.to_dict), epoch start/end, status, error."""
+                     error: str = "", faults: list[str] = ()) -> Path:
+    """runs/<run_id>/run.json: the run (see Run.to_dict), epoch start/end, status, error, and the
+    faults it survived (or not): e.g. a controller restarted."""
     if status not in RUN_STATUSES:
         raise ValueError(f"status: {status!r} is not allowed (one of {', '.join(RUN_STATUSES)})")
     path = run_dir(out_dir, run.run_id) / "run.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    record = {**run.to_dict(), "start_s": start_s, "end_s": end_s, "status": status, "error": error}
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    record = {**run.to_dict(), "start_s": start_s, "end_s": end_s, "status": status, "error": error,
+              "faults": list(faults)}
+    write_text(path, json.dumps(record, indent=2) + "\n")
     return path
 
 
 def read_run_record(out_dir: str | Path, run_id: str) -> dict[str, Any] | None:
+    """The run's run.json; None when there is none or it cannot be read (the run is then not
+    finished: --resume runs it again)."""
     path = run_dir(out_dir, run_id) / "run.json"
-    return json.loads(path.read_text()) if path.exists() else None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("status") in RUN_STATUSES else None
 
 
-def completed_run_ids(out_dir: str | Path) -> set[str]:
-    """Runs recorded with status ok: what --resume skips."""
-    records = (read_run_record(out_dir, path.name) for path in (Path(out_dir) / "runs").glob("*"))
-    return {record["run_id"] for record in records if record and record["status"] == "ok"}
+# What a finished run's folder holds besides run.json: the runner's and every host-app process's.
+RUN_FILES = ("ports.csv", "port_rates.csv", "cpu.csv", "queues.csv", "drain.csv", "sockets.csv", "ovs.json")
+PROCESS_FILES = ("iterations.csv", "tensors.csv", "summary.json")
+
+
+def missing_records(out_dir: str | Path, run: Run) -> list[str]:
+    """The files a finished run should have and has not (relative to its folder)."""
+    path = run_dir(out_dir, run.run_id)
+    config = run.config
+    processes = [(host, "server", rank) for rank, host in enumerate(config.server_hosts)]
+    processes += [(host, "worker", rank) for rank, host in enumerate(config.worker_hosts)]
+    expected = list(RUN_FILES) + [f"{process_dir(out_dir, run.run_id, *process).name}/{name}"
+                                  for process in processes for name in PROCESS_FILES]
+    return [name for name in expected if not (path / name).is_file()]
+
+
+def completed_run_ids(out_dir: str | Path, spec: Spec) -> set[str]:
+    """Runs recorded with status ok and every record in place: what --resume skips."""
+    done = set()
+    for run in spec.runs:
+        record = read_run_record(out_dir, run.run_id)
+        if record and record["status"] == "ok" and not missing_records(out_dir, run):
+            done.add(run.run_id)
+    return done
 
 
 # ------------------------------------------------------------------------------------ reading
@@ -229,13 +269,39 @@ def read_run(out_dir: str | Path, run_id: str) -> dict[str, pd.DataFrame]:
 
 # -------------------------------------------------------------------------------- aggregation
 
-def _run_row(run: Run, status: str, records: dict[str, pd.DataFrame]) -> dict[str, Any]:
+def port_stats_gap_s(ports: pd.DataFrame, start_s: float, end_s: float) -> float:
+    """The longest stretch of the run that some switch port's statistics do not cover: between
+    two samples, or before the first and after the last (a dead controller stops them)."""
+    if ports.empty:
+        return end_s - start_s
+    gaps = []
+    for _, samples in ports.groupby(["switch", "port"]):
+        times = samples["time_s"].sort_values()
+        gaps += [times.diff().max() if len(times) > 1 else 0.0, times.iloc[0] - start_s, end_s - times.iloc[-1]]
+    return float(max(gaps))
+
+
+def _run_row(out: Path, run: Run, record: dict[str, Any], records: dict[str, pd.DataFrame],
+             links: pd.DataFrame) -> dict[str, Any]:
+    """One runs.csv row. A metric whose data is incomplete (a process's records missing, port
+    statistics with a gap) is left empty, and data_gaps says what is missing."""
     config = run.config
     row = {"run_id": run.run_id, **run.axes, "rep": run.rep,
            **{column: get_field(config, dotted) for column, dotted in CONFIG_COLUMNS.items()},
-           "workers": len(config.worker_hosts)}
-    if status != "ok":
+           "workers": len(config.worker_hosts), "faults": "; ".join(record.get("faults", [])),
+           "data_gaps": ""}
+    if record["status"] != "ok":
         return row  # a failed run's partial records would give misleading metrics
+    missing = missing_records(out, run)
+    if missing:
+        row["data_gaps"] = f"records missing: {', '.join(missing)}"
+        return row
+    interval_s = config.controller.stats_interval_s
+    gap = port_stats_gap_s(records["ports"], record["start_s"], record["end_s"])
+    if gap > PORT_STATS_GAP_INTERVALS * interval_s:
+        row["data_gaps"] = f"port statistics missing for {gap:.1f} s: no uplink imbalance"
+    else:
+        row["uplink_imbalance"] = metrics.uplink_imbalance(links)
     iterations = records["iterations"]
     row.update(metrics.run_metrics(
         iterations, records["tensors"], records["summaries"],
@@ -254,9 +320,11 @@ def _with_run_id(frame: pd.DataFrame, run_id: str) -> pd.DataFrame:
     return frame.assign(run_id=run_id)[["run_id", *frame.columns]]
 
 
-def aggregate(out_dir: str | Path) -> pd.DataFrame:
-    """Write OUT/runs.csv, iterations.csv, tensors.csv and links.csv from the runs recorded
-    so far (those with a run.json), in spec order; return the runs table."""
+def aggregate(out_dir: str | Path, say=lambda line: print(line, file=sys.stderr)) -> pd.DataFrame:
+    """Write OUT/runs.csv, iterations.csv, tensors.csv, links.csv and queues.csv from the runs
+    recorded so far (those with a readable run.json), in spec order; return the runs table. A run
+    whose records cannot be read is listed without metrics, its data_gaps saying why, and `say`
+    reports it: one broken run never stops the aggregation."""
     out = Path(out_dir)
     spec = parse_spec(yaml.safe_load((out / "spec.yaml").read_text()))
     axes = [axis.name for axis in spec.axes]
@@ -265,24 +333,32 @@ def aggregate(out_dir: str | Path) -> pd.DataFrame:
         record = read_run_record(out, run.run_id)
         if record is None:
             continue
-        records = read_run(out, run.run_id)
-        rows.append(_run_row(run, record["status"], records))
+        try:
+            records = read_run(out, run.run_id)
+            run_links = metrics.link_utilization(records["ports"], records["port_rates"], records["queues"],
+                                                 records["sockets"])
+            row = _run_row(out, run, record, records, run_links)
+            queue_totals = fidelity.run_deltas(records["queues"], ["switch", "port", "cs"],
+                                               ["sent_pkts", "dropped_pkts"])
+        except (OSError, ValueError, KeyError, TypeError, pd.errors.ParserError) as error:
+            say(f"aggregate: {run.run_id}: its records cannot be read, left without metrics ({error})")
+            rows.append(_run_row(out, run, {**record, "status": "failed"}, {}, pd.DataFrame())
+                        | {"data_gaps": f"records unreadable: {error}"})
+            continue
+        rows.append(row)
         iterations.append(_with_run_id(records["iterations"], run.run_id))
         tensors.append(_with_run_id(records["tensors"], run.run_id))
-        run_links = metrics.link_utilization(records["ports"], records["port_rates"], records["queues"],
-                                             records["sockets"])
         links.append(_with_run_id(run_links, run.run_id))
-        queue_totals = fidelity.run_deltas(records["queues"], ["switch", "port", "cs"], ["sent_pkts", "dropped_pkts"])
         queues.append(_with_run_id(queue_totals[QUEUE_TOTAL_COLUMNS], run.run_id))
     runs = pd.DataFrame(rows, columns=runs_columns(axes))
     baseline_axis, baseline_label = spec.baseline or (None, None)
     runs["speedup_vs_baseline"] = metrics.speedup_vs_baseline(runs, axes, baseline_axis, baseline_label)
-    runs.to_csv(out / "runs.csv", index=False)
+    write_csv(runs, out / "runs.csv")
     for name, frames, columns in (("iterations", iterations, ITERATION_COLUMNS),
                                   ("tensors", tensors, TENSOR_COLUMNS),
                                   ("links", links, metrics.LINK_COLUMNS),
                                   ("queues", queues, QUEUE_TOTAL_COLUMNS)):
-        _concat(frames, ["run_id", *columns]).to_csv(out / f"{name}.csv", index=False)
+        write_csv(_concat(frames, ["run_id", *columns]), out / f"{name}.csv")
     return runs
 
 

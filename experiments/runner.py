@@ -17,6 +17,7 @@ runner started and keeps the finished runs for --resume.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import secrets
 import shutil
@@ -24,8 +25,10 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 from mininet.log import setLogLevel
@@ -34,7 +37,7 @@ from experiments import plots, summary
 from experiments.disturbances import Schedule, disturbances_of
 from experiments.progress import Progress
 from experiments.results import (PORT_COLUMNS, PORT_RATE_COLUMNS, aggregate, completed_run_ids,
-                                 process_dir, read_run_record, run_dir, start_output,
+                                 process_dir, read_run_record, run_dir, start_output, write_csv,
                                  write_run_record)
 from experiments.sampler import FabricSampler
 from experiments.spec import BEST_SEND_ORDER, Run, Spec, Topology
@@ -50,6 +53,7 @@ SERVER_PORT = 7100
 PEER_TIMEOUT_S = 30.0   # host apps fail when a peer stays silent this long
 RUN_TIMEOUT_S = 600.0   # a job still running after this is killed and its run failed
 POLL_S = 0.2
+CONTROLLER_CHECK_S = 1.0  # how often the runner checks that the controller is alive
 
 
 @dataclass
@@ -74,7 +78,7 @@ def run_experiment(spec: Spec, out_dir: Path, resume: bool) -> int:
     except ValueError as error:
         sys.exit(f"run: {error}")
     setLogLevel("warning")  # Mininet's pingall and start-up chatter would break the progress bars
-    finished = completed_run_ids(out) if resume else set()
+    finished = completed_run_ids(out, spec) if resume else set()
     signal.signal(signal.SIGTERM, _interrupt)
     print(f"{spec.name}: {len(spec.runs)} runs into {out}", file=sys.stderr)
     try:
@@ -128,7 +132,12 @@ def run_on_fabric(out: Path, runs: list[Run], progress: Progress) -> None:
             rates = port_rates(fab)
             for run in runs:
                 progress.start_run(run.run_id, run.job.iterations)
-                status = run_once(fab, out, run, rates, stats_csv, progress)
+                try:
+                    status = run_once(fab, out, run, rates, stats_csv, progress)
+                except (FabricError, OSError):
+                    recorded.append(run.run_id)  # failed with its reason; the fabric is given up
+                    progress.end_run("failed")
+                    raise
                 recorded.append(run.run_id)
                 progress.end_run(status)
     except (FabricError, OSError) as error:
@@ -158,9 +167,40 @@ def port_rates(fab: Fabric) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=PORT_RATE_COLUMNS)
 
 
+class ControllerWatch:
+    """Watches the fabric's controller during a run; a dead or silent one is restarted on the same
+    fabric with the run's job registered again (FabricError when that fails). Every event goes into
+    `faults`, for the run's record."""
+
+    def __init__(self, fab: Fabric, start_s: float) -> None:
+        self.fab, self.start_s = fab, start_s
+        self.jobs: list[dict] = []  # what the runner registered, to register again
+        self.faults: list[str] = []
+        self._next_check = 0.0
+
+    def check(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        if now < self._next_check:
+            return
+        self._next_check = now + CONTROLLER_CHECK_S
+        why = self.fab.controller_down()
+        if not why:
+            return
+        at = time.time() - self.start_s
+        began = time.monotonic()
+        try:
+            self.fab.restart_controller(self.jobs)
+        except (FabricError, OSError) as error:
+            self.faults.append(f"{at:.1f} s: {why}; restarting it failed: {error}")
+            raise FabricError(self.faults[-1]) from None
+        self.faults.append(f"{at:.1f} s: {why}; restarted, tables restored in "
+                           f"{time.monotonic() - began:.1f} s")
+
+
 def run_once(fab: Fabric, out: Path, run: Run, rates: pd.DataFrame, stats_csv: Path,
              progress: Progress) -> str:
-    """One run on a ready fabric: its records in runs/<run_id>/; returns its status."""
+    """One run on a ready fabric: its records in runs/<run_id>/; returns its status. A controller
+    that dies is restarted (the run goes on, its record says so); FabricError when it cannot be."""
     path = run_dir(out, run.run_id)
     if path.exists():
         shutil.rmtree(path)  # an interrupted or failed earlier attempt
@@ -169,28 +209,36 @@ def run_once(fab: Fabric, out: Path, run: Run, rates: pd.DataFrame, stats_csv: P
     schedule = Schedule(disturbances_of(fab, run.config, path))
     processes: list[JobProcess] = []
     start_s = time.time()
+    watch = ControllerWatch(fab, start_s)
     job_id = f"run{run.index}"
     job_number = secrets.randbits(31)  # in every host-app frame: a stray datagram of another run is not ours
+    error = ""
     try:
-        with FabricSampler(path, switch_ports(fab)):
-            layer_dscp = register_job(fab, run, job_id)
-            processes = launch_job(fab, out, run, layer_dscp, job_number)
-            schedule.start()
-            error = wait_job(processes, progress)
-    finally:
-        schedule.stop()
-        for process in processes:
-            kill_group(process.popen)
-        if run.controller.sched != "fifo":
-            fab.rest(f"/jobs/{job_id}", "DELETE")
+        try:
+            with FabricSampler(path, switch_ports(fab)):
+                layer_dscp = register_job(fab, run, job_id, watch.jobs)
+                processes = launch_job(fab, out, run, layer_dscp, job_number)
+                schedule.start()
+                error = wait_job(processes, progress, watch.check)
+        finally:
+            schedule.stop()
+            for process in processes:
+                kill_group(process.popen)
+        watch.check(now=math.inf)  # the run's end: is the controller still there?
+        if watch.jobs:
+            unregister_job(fab, job_id)
+    except (FabricError, OSError) as failure:
+        write_run_record(out, run, "failed", start_s, time.time(), error=f"fabric: {failure}",
+                         faults=watch.faults)
+        raise
     end_s = time.time()
     problems = fab.controller_problems()[known_problems:]
     error = "; ".join(filter(None, [error, *schedule.errors,
                                     *(f"controller: {line}" for line in problems[:1])]))
-    rates.to_csv(path / "port_rates.csv", index=False)
+    write_csv(rates, path / "port_rates.csv")
     write_port_slice(stats_csv, path / "ports.csv", start_s, end_s, run.controller.stats_interval_s)
     status = "failed" if error else "ok"
-    write_run_record(out, run, status, start_s, end_s, error=error)
+    write_run_record(out, run, status, start_s, end_s, error=error, faults=watch.faults)
     return status
 
 
@@ -210,14 +258,15 @@ def layer_table(run: Run) -> list[dict]:
             for i, layer in enumerate(model.layers)]
 
 
-def register_job(fab: Fabric, run: Run, job_id: str) -> dict[int, int]:
+def register_job(fab: Fabric, run: Run, job_id: str, registered: list[dict]) -> dict[int, int]:
     """Register the job's layer table and flows with the controller, whose scheduling policy
     turns them into DSCP classes; returns layer -> DSCP for the host apps (none for fifo).
 
     With TCP the controller rewrites the DSCP of the job's connections at their ingress switch;
     a connection carries every layer, so it gets its most urgent layer's class. With mlt the
     senders mark each message with its layer's class from the map returned here (a rewrite
-    would erase that), and the controller only maps their lower-effort datagrams to CS1."""
+    would erase that), and the controller only maps their lower-effort datagrams to CS1.
+    The job document is appended to `registered` (to register it again after a restart)."""
     if run.controller.sched == "fifo":
         return {}
     config = run.config
@@ -231,10 +280,20 @@ def register_job(fab: Fabric, run: Run, job_id: str) -> dict[int, int]:
             if src != dst:  # to the peer's listening port, and the answers from it
                 flows.append({"src": ip[src], "dst": ip[dst], "proto": proto, "dport": port})
                 flows.append({"src": ip[dst], "dst": ip[src], "proto": proto, "sport": port})
-    job = fab.rest("/jobs", "POST", {"job": job_id, "policy": run.controller.sched,
-                                     "hosts": [ip[h] for h in ports], "layers": layer_table(run),
-                                     "flows": flows})
+    document = {"job": job_id, "policy": run.controller.sched, "hosts": [ip[h] for h in ports],
+                "layers": layer_table(run), "flows": flows}
+    job = fab.rest("/jobs", "POST", document)
+    registered.append(document)
     return {layer["index"]: layer["dscp"] for layer in job["layers"]}
+
+
+def unregister_job(fab: Fabric, job_id: str) -> None:
+    """DELETE the run's job; one already gone (a REST client removed it) is no failure of the run."""
+    try:
+        fab.rest(f"/jobs/{job_id}", "DELETE")
+    except urllib.error.HTTPError as error:
+        if error.code != 404:
+            raise
 
 
 def launch_job(fab: Fabric, out: Path, run: Run, layer_dscp: dict[int, int],
@@ -277,18 +336,24 @@ def launch_job(fab: Fabric, out: Path, run: Run, layer_dscp: dict[int, int],
     return processes
 
 
-def wait_job(processes: list[JobProcess], progress: Progress) -> str:
+def wait_job(processes: list[JobProcess], progress: Progress, watch: Callable[[], None]) -> str:
     """Wait for the job; '' when every process exited 0, else what went wrong first. The rank-0
-    worker's stdout (one line per finished iteration) drives the progress display."""
+    worker's stdout (one line per finished iteration) drives the progress display; `watch` is
+    called at every poll (the controller watch)."""
     rank0 = next(process for process in processes if process.name.endswith("-worker0"))
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while True:
+        watch()
         progress.iteration(rank0.stdout.read_text().count("iteration "))
         codes = [process.popen.poll() for process in processes]
-        for process, code in zip(processes, codes):
-            if code:
-                lines = process.stderr.read_text().strip().splitlines()
-                return f"{process.name} exited with status {code}: {lines[-1] if lines else 'no output'}"
+        failed = [(process, code) for process, code in zip(processes, codes) if code]
+        if failed:
+            # A process killed by a signal is the cause; its peers then fail on the lost connection.
+            process, code = min(failed, key=lambda failure: failure[1] > 0)
+            if code < 0:
+                return f"{process.name} was killed by {signal.Signals(-code).name}"
+            lines = process.stderr.read_text().strip().splitlines()
+            return f"{process.name} exited with status {code}: {lines[-1] if lines else 'no output'}"
         if all(code == 0 for code in codes):
             return ""
         if time.monotonic() > deadline:
@@ -312,4 +377,4 @@ def write_port_slice(stats_csv: Path, path: Path, start_s: float, end_s: float,
     after = ports.loc[ports["time_s"] >= end_s, "time_s"]
     first = before.max() if len(before) else start_s
     last = after.min() if len(after) else end_s
-    ports[(ports["time_s"] >= first) & (ports["time_s"] <= last)][PORT_COLUMNS].to_csv(path, index=False)
+    write_csv(ports[(ports["time_s"] >= first) & (ports["time_s"] <= last)][PORT_COLUMNS], path)

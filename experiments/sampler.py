@@ -22,6 +22,7 @@ import threading
 import time
 from pathlib import Path
 
+from hostapps.files import atomic_open, write_text
 from topologies.machine import (busiest_thread_share, machine_jiffies, port_socket_drops,
                                 thread_jiffies, vswitchd_pid)
 from topologies.ovslog import OvsLog
@@ -104,7 +105,7 @@ class FabricSampler:
         ours = {name: count for name, count in errors.by_port.items() if name in self.ports}
         record = {"tx_errors_by_port": ours, "tx_errors_suppressed": errors.suppressed,
                   "datapath_drops": datapath_drops(_coverage()) - self._drops_before}
-        (self.run_dir / "ovs.json").write_text(json.dumps(record, indent=2) + "\n")
+        write_text(self.run_dir / "ovs.json", json.dumps(record, indent=2) + "\n")
 
     def _sample_sockets(self, writer: csv.writer, now: float) -> None:
         for name, drops in sorted(port_socket_drops(set(self.ports)).items()):
@@ -129,10 +130,11 @@ class FabricSampler:
                 drains.writerow([f"{now:.3f}", *row])
 
     def _run(self) -> None:
-        with open(self.run_dir / "cpu.csv", "w", newline="") as cpu_file, \
-                open(self.run_dir / "queues.csv", "w", newline="") as queue_file, \
-                open(self.run_dir / "drain.csv", "w", newline="") as drain_file, \
-                open(self.run_dir / "sockets.csv", "w", newline="") as socket_file:
+        # Written whole at the end: an interrupted run's folder lacks them, and --resume re-runs it.
+        with atomic_open(self.run_dir / "cpu.csv", newline="") as cpu_file, \
+                atomic_open(self.run_dir / "queues.csv", newline="") as queue_file, \
+                atomic_open(self.run_dir / "drain.csv", newline="") as drain_file, \
+                atomic_open(self.run_dir / "sockets.csv", newline="") as socket_file:
             cpu, sockets = csv.writer(cpu_file), csv.writer(socket_file)
             queues, drains = csv.writer(queue_file), csv.writer(drain_file)
             for writer, columns in ((cpu, CPU_COLUMNS), (queues, QUEUE_COLUMNS), (drains, DRAIN_COLUMNS),

@@ -59,7 +59,7 @@ CONFIG_COLUMNS = {
     "mode": "job.mode", "lb": "controller.lb", "sched": "controller.sched",
     "transport": "job.transport", "loss_bound": "job.loss_bound", "iterations": "job.iterations",
 }
-RESERVED_COLUMNS = {"run_id", "rep", "workers", *METRIC_COLUMNS}
+RESERVED_COLUMNS = {"run_id", "rep", "workers", "faults", "data_gaps", *METRIC_COLUMNS}
 LABEL_PATTERN = re.compile(r"[A-Za-z0-9_.+-]+")
 AXIS_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -83,7 +83,7 @@ IFNAME_CHARS = 15
 # Limits of this machine (2 cores, 24 GB): every host may run a host app of ~105 MB of private
 # memory (numpy, scikit-learn, the digits; measured), 13.5 GB for 128; one ovs-vswitchd thread
 # forwards every packet of every switch, and a 4x8x4 leaf-spine (12 switches) already takes
-# ~7 s to build and start (../shared/PLATFORM.md).
+# ~7 s to build and start (docs/platform.md).
 MACHINE_HOSTS = 128
 MACHINE_SWITCHES = 64
 # Link rates: topologies/shaping.py gives each of the 8 priority classes a floor of 1% of the

@@ -14,6 +14,7 @@ from experiments.fidelity import (APP_LAG_P99_MS_LIMIT, CPU_LIMIT, LINK_RATE_MIN
 from experiments.metrics import per_run
 from experiments.results import read_run_record, read_tables
 from experiments.spec import Spec, load_spec
+from hostapps.files import write_text
 
 COLUMNS = ["scheme", "iter time (s)", "speedup", "samples/s", "final acc", "acc delta", "time-to-acc (s)",
            "p99 tensor (ms)", "delivered fraction", "uplink imbalance", "lower bound (s)", "fidelity"]
@@ -104,7 +105,6 @@ def scheme_rows(tables: dict[str, pd.DataFrame], spec: Spec) -> dict[str, pd.Dat
     runs["tensor_p99_ms"] = runs["run_id"].map(per_run(tensors, metrics.tensor_time_p99_s) * 1000)
     runs["delivered"] = runs["run_id"].map(per_run(tensors, metrics.delivered_fraction))
     runs["delivered_min"] = runs["run_id"].map(per_run(tensors, metrics.min_delivered_fraction))
-    runs["uplink_imbalance"] = runs["run_id"].map(per_run(tables["links"], metrics.uplink_imbalance))
     by_mode = {}
     for mode, mode_runs in runs.groupby("mode", sort=False):
         rows = []
@@ -150,6 +150,10 @@ def render(out_dir: str | Path) -> str:
                          "measure the machine rather than the network")
         elif math.isnan(run.iter_time_mean_s):
             notes.append(f"- {run.run_id}: no iteration times recorded")
+        if isinstance(run.faults, str) and run.faults:
+            notes.append(f"- {run.run_id}: survived faults: {run.faults}")
+        if isinstance(run.data_gaps, str) and run.data_gaps:
+            notes.append(f"- {run.run_id}: metrics left empty: {run.data_gaps}")
     if notes:
         lines += ["## Notes", "", *notes, ""]
     return "\n".join(lines)
@@ -158,5 +162,5 @@ def render(out_dir: str | Path) -> str:
 def write_summary(out_dir: str | Path) -> str:
     """Write OUT/summary.md and return its text (the runner prints it)."""
     text = render(out_dir)
-    (Path(out_dir) / "summary.md").write_text(text)
+    write_text(Path(out_dir) / "summary.md", text)
     return text

@@ -13,6 +13,7 @@ from collections import defaultdict
 from contextlib import contextmanager
 from typing import Iterator
 
+from hostapps.files import atomic_open
 from hostapps.transport import Peer
 
 ITERATION_COLUMNS = ("job", "role", "rank", "iteration", "start_s", "end_s", "compute_s", "wait_s",
@@ -67,7 +68,7 @@ class Recorder:
         os.makedirs(out_dir, exist_ok=True)
         ident = dict(job=self.job, role=self.role, rank=self.rank)
         nbytes = self.bytes_by_iteration()
-        with open(os.path.join(out_dir, "iterations.csv"), "w", newline="") as f:
+        with atomic_open(os.path.join(out_dir, "iterations.csv"), newline="") as f:
             writer = csv.DictWriter(f, ITERATION_COLUMNS)
             writer.writeheader()
             for row in self.iterations:
@@ -79,19 +80,19 @@ class Recorder:
                                  "delivered_fraction": "%.4f" % delivered,
                                  "loss": "" if row["loss"] is None else "%.6f" % row["loss"],
                                  "test_accuracy": "" if row["test_accuracy"] is None else "%.4f" % row["test_accuracy"]})
-        with open(os.path.join(out_dir, "tensors.csv"), "w", newline="") as f:
+        with atomic_open(os.path.join(out_dir, "tensors.csv"), newline="") as f:
             writer = csv.writer(f)
             writer.writerow(TENSOR_COLUMNS)
             for iteration, tensor, _, size, direction, peer, start, end, fraction in self.messages:
                 name, layer = tensor_names[tensor]
                 writer.writerow([self.job, self.role, self.rank, iteration, name, layer, size, direction, peer,
                                  "%.6f" % start, "%.6f" % end, "%.4f" % fraction])
-        with open(os.path.join(out_dir, "trace.json"), "w") as f:
+        with atomic_open(os.path.join(out_dir, "trace.json")) as f:
             json.dump(self.chrome_trace(tensor_names), f)
         # Serialized before the file is opened: a value json cannot take fails without leaving half a
         # summary.json for the runner to trip over.
         text = json.dumps(summary, indent=2)
-        with open(os.path.join(out_dir, "summary.json"), "w") as f:
+        with atomic_open(os.path.join(out_dir, "summary.json")) as f:
             f.write(text)
 
     def chrome_trace(self, tensor_names: dict[int, tuple[str, str]]) -> dict:

@@ -18,6 +18,7 @@ from hostapps.collectives import (PS_PULL, PS_PUSH, Segment, assign_shards, chun
                                   ring_neighbours, ring_step_count, split_bytes)
 from hostapps.config import RunConfig, build_model
 from hostapps.data import ShardedBatches, load_split
+from hostapps.files import atomic_open
 from hostapps.mlt import DEFAULT_MAX_MESSAGE_BYTES, MltOptions, MltTransport
 from hostapps.model import FlatModel, Network, Sgd
 from hostapps.policies import Agree, SendLoop, Unit, make_policy, time_oracle
@@ -245,7 +246,8 @@ def connect_transport(cfg: RunConfig, recorder: Recorder,
 
 def write_model(path: str, model: FlatModel) -> None:
     """Final parameters, one flat float32 array per layer, keyed by layer name."""
-    np.savez(path, **{layer.name: model.layer_params(i) for i, layer in enumerate(model.layers)})
+    with atomic_open(path, "wb") as file:
+        np.savez(file, **{layer.name: model.layer_params(i) for i, layer in enumerate(model.layers)})
 
 
 def run_worker(cfg: RunConfig, on_iteration: Callable[[int], None] | None = None) -> dict:

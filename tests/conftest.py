@@ -1,4 +1,3 @@
-import fcntl
 import os
 
 import pytest
@@ -34,15 +33,6 @@ def nothing_of_ours_left(request):
     if os.geteuid() != 0 or not any("integration" in item.keywords
                                     for item in request.session.items):
         return
-    from topologies.cleanup import (LOCK_FILE, mininet_host_shells, our_bridges,
-                                    our_interfaces, our_processes)
+    from fabric_tools import leftovers
 
-    with open(LOCK_FILE, "w") as lock:
-        try:  # another process's fabric (a concurrent run) is not a leftover of ours
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return
-        left = {"bridges": our_bridges(), "interfaces": our_interfaces(),
-                "mininet hosts": mininet_host_shells(),
-                "processes": our_processes(exclude={os.getpid(), os.getppid()})}
-    assert not any(left.values()), f"left behind after the suite: {left}"
+    assert leftovers(exclude={os.getppid()}) == [], "left behind after the suite"

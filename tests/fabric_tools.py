@@ -11,7 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from topologies.cleanup import LOCK_FILE, STATE_DIR, our_bridges, our_processes
+from topologies.cleanup import (LOCK_FILE, STATE_DIR, our_bridges, our_interfaces, our_nft_tables,
+                                read_state)
 from topologies.fabric import Fabric
 
 REPO = Path(__file__).resolve().parent.parent
@@ -77,9 +78,7 @@ def wait_until(condition, message: str, timeout: float, step: float = 0.1) -> No
 
 
 def experiments_cli(*args: str, cwd: Path) -> subprocess.Popen:
-    """`python -m experiments run ...` started outside the repo: a fabric starting in another
-    session meanwhile kills `-m experiments` processes whose working directory is the repo as
-    strays (topologies/cleanup.py), and this one is between fabrics while it aggregates."""
+    """`python -m experiments run ...` started outside the repo (as a user would, from anywhere)."""
     return subprocess.Popen([sys.executable, "-m", "experiments", "run", *args], cwd=cwd,
                             env={**os.environ, "PYTHONPATH": str(REPO)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -90,18 +89,43 @@ def finish(process: subprocess.Popen, timeout: float) -> tuple[int, str, str]:
     return process.returncode, stdout, stderr
 
 
-def leftovers() -> list[str]:
+def repo_processes(exclude: set[int]) -> list[int]:
+    """Processes running `-m controller|hostapps|experiments` of this repo (by command line and
+    working directory). Only for asserting that nothing is left: clean-up itself signals only
+    what the state file records."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) in exclude:
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            cwd = os.readlink(proc / "cwd")
+            environ = (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        ours = cwd.startswith(str(REPO)) or f"PYTHONPATH={REPO}".encode() in environ
+        if ours and any(a == b"-m" and b.split(b".")[0] in (b"controller", b"hostapps", b"experiments")
+                        for a, b in zip(argv, argv[1:])):
+            pids.append(int(proc.name))
+    return pids
+
+
+def orphan_node_shells() -> list[str]:
+    """Mininet node shells left without their Mininet process (re-parented to init)."""
+    ps = subprocess.run(["ps", "-eo", "ppid=,pid=,args="], capture_output=True, text=True).stdout
+    return [line.strip() for line in ps.splitlines() if "mininet:" in line and line.split()[0] == "1"]
+
+
+def leftovers(exclude: set[int] = frozenset()) -> list[str]:
     """Anything of a fabric, controller, host app or fault left running. Checked under the fabric
     lock, so that another test's fabric starting meanwhile does not count."""
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     with open(LOCK_FILE, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         found = [f"bridge {name}" for name in our_bridges()]
-        # Mininet node shells left without their Mininet process (another session's live test
-        # may have its own).
-        ps = subprocess.run(["ps", "-eo", "ppid=,pid=,args="], capture_output=True, text=True).stdout
-        found += [line for line in ps.splitlines() if "mininet:" in line and line.split()[0] == "1"]
-        found += [f"process {pid}" for pid in our_processes(exclude={os.getpid()})]
-        tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
-        found += [line for line in tables.splitlines() if "dnntb" in line]
+        found += [f"interface {name}" for name in our_interfaces()]
+        found += [f"nftables table {family} {name}" for family, name in our_nft_tables()]
+        found += orphan_node_shells()
+        found += [f"process {pid}" for pid in repo_processes(exclude={os.getpid(), *exclude})]
+        found += [f"state file of processes {read_state().get('processes')}"] if read_state() else []
     return found

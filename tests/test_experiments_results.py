@@ -106,6 +106,8 @@ def write_network_records(out: Path, run: Run, t0: float) -> None:
         for second in range(3) for cs in (0, 1)])
     _write_csv(run_path / "sockets.csv", [{"time_s": t0 + second, "switch": "leaf1", "port": 3, "socket_drops": 0}
                                           for second in range(3)])
+    _write_csv(run_path / "drain.csv", [{"time_s": t0 + 1, "switch": "leaf1", "port": 3, "probe_s": 0.02,
+                                         "backlog_bytes": 20000, "sent_bytes": 20000}])
     (run_path / "ovs.json").write_text(json.dumps({"tx_errors_by_port": {}, "tx_errors_suppressed": 0,
                                                    "datapath_drops": 0}))
 
@@ -140,8 +142,9 @@ def test_runs_csv_has_exactly_the_contract_columns(runs):
         "run_id", "scheme", "rep", "mode", "lb", "sched", "transport", "loss_bound", "workers", "iterations",
         "iter_time_mean_s", "iter_time_p50_s", "iter_time_p99_s", "samples_per_s", "final_accuracy",
         "time_to_accuracy_s", "bytes_sent", "lower_bound_s", "tictac_efficiency", "speedup_vs_baseline",
-        "cpu_util_mean", "vswitchd_thread_util_mean", "link_rate_frac", "class_queue_drops_pkts",
-        "outside_queue_drops_pkts", "app_lag_ms_p99", "fidelity_ok", "fidelity_reason"]
+        "uplink_imbalance", "cpu_util_mean", "vswitchd_thread_util_mean", "link_rate_frac",
+        "class_queue_drops_pkts", "outside_queue_drops_pkts", "app_lag_ms_p99", "fidelity_ok",
+        "fidelity_reason", "faults", "data_gaps"]
     assert len(runs) == 8
 
 
@@ -160,7 +163,7 @@ def test_runs_csv_metrics_of_one_run(runs):
     assert run["cpu_util_mean"] == pytest.approx(0.5) and bool(run["fidelity_ok"]) is True
     assert run["vswitchd_thread_util_mean"] == pytest.approx(0.3)
     assert run["class_queue_drops_pkts"] == 4 and run["outside_queue_drops_pkts"] == 0
-    assert math.isnan(run["link_rate_frac"]), "no port was backlogged"
+    assert run["link_rate_frac"] == pytest.approx(1.0), "the one probe found the port draining its backlog"
 
 
 def test_speedup_compares_within_the_same_mode(runs):
@@ -229,19 +232,64 @@ def test_start_output_guards_existing_results(out, tmp_path):
 
 
 def test_completed_runs_exclude_failed(out):
-    done = results.completed_run_ids(out)
+    done = results.completed_run_ids(out, load_spec(FIXTURE_SPEC))
     assert len(done) == 7 and FAILED_RUN not in done
 
 
-def test_missing_contract_column_names_the_file(tmp_path):
+@pytest.fixture
+def broken(tmp_path) -> Path:
+    """A copy of the fixture's results in which runs are broken in several ways."""
+    make_results(tmp_path)
     spec = load_spec(FIXTURE_SPEC)
-    results.start_output(tmp_path, spec, resume=False)
+    runs = {run.run_id: run for run in spec.runs}
+    (results.run_dir(tmp_path, "scheme=baseline,mode=allreduce,rep=1") / "run.json").write_text("")  # interrupted
+    _write_csv(results.process_dir(tmp_path, "scheme=spray,mode=allreduce,rep=1", "h1", "worker", 0)
+               / "iterations.csv", [{"job": "x", "role": "worker", "rank": 0}])  # another contract
+    (results.process_dir(tmp_path, "scheme=baseline,mode=ps,rep=1", "h2", "worker", 1) / "summary.json").unlink()
+    # the controller's port statistics stop after a second: the run lasts 5
+    ports_path = results.run_dir(tmp_path, "scheme=spray,mode=allreduce,rep=2") / "ports.csv"
+    ports = pd.read_csv(ports_path)
+    ports[ports["time_s"] < ports["time_s"].min() + 1.5].to_csv(ports_path, index=False)
+    assert runs
+    return tmp_path
+
+
+def test_partial_runs_are_not_complete(broken):
+    done = results.completed_run_ids(broken, load_spec(FIXTURE_SPEC))
+    assert "scheme=baseline,mode=allreduce,rep=1" not in done, "an unreadable run.json"
+    assert "scheme=baseline,mode=ps,rep=1" not in done, "a worker's summary.json is missing"
+    assert results.read_run_record(broken, "scheme=baseline,mode=allreduce,rep=1") is None
+
+
+def test_aggregation_reports_broken_runs_and_goes_on(broken):
+    said = []
+    runs = results.aggregate(broken, say=said.append).set_index("run_id")
+    assert len(runs) == 7, "the unreadable run.json is not a run yet"
+    (line,) = said
+    assert line.startswith("aggregate: scheme=spray,mode=allreduce,rep=1: its records cannot be read")
+    assert "h1-worker0/iterations.csv: missing columns iteration, start_s" in line
+    unreadable = runs.loc["scheme=spray,mode=allreduce,rep=1"]
+    assert math.isnan(unreadable["iter_time_mean_s"]) and unreadable["data_gaps"].startswith("records unreadable")
+    missing = runs.loc["scheme=baseline,mode=ps,rep=1"]
+    assert math.isnan(missing["iter_time_mean_s"])
+    assert missing["data_gaps"] == "records missing: h2-worker1/summary.json"
+    gap = runs.loc["scheme=spray,mode=allreduce,rep=2"]
+    assert gap["iter_time_mean_s"] > 0, "what does not need the port statistics is kept"
+    assert math.isnan(gap["uplink_imbalance"])
+    assert gap["data_gaps"] == "port statistics missing for 4.0 s: no uplink imbalance"  # last sample 1 s in
+    assert runs.loc["scheme=spray,mode=ps,rep=1", "uplink_imbalance"] == pytest.approx(1.0)
+
+
+def test_faults_reach_runs_csv_and_summary(tmp_path):
+    make_results(tmp_path)
+    spec = load_spec(FIXTURE_SPEC)
     run = spec.runs[0]
-    _write_csv(results.process_dir(tmp_path, run.run_id, "h1", "worker", 0) / "iterations.csv",
-               [{"job": "x", "role": "worker", "rank": 0}])
-    results.write_run_record(tmp_path, run, "ok", 0.0, 1.0)
-    with pytest.raises(ValueError, match=r"h1-worker0/iterations.csv: missing columns iteration, start_s"):
-        results.aggregate(tmp_path)
+    results.write_run_record(tmp_path, run, "ok", START, START + 5,
+                             faults=["3.2 s: controller exited with status -9; restarted, tables restored in 4.1 s"])
+    runs = results.aggregate(tmp_path).set_index("run_id")
+    assert runs.loc[run.run_id, "faults"].startswith("3.2 s: controller exited")
+    summary = write_summary(tmp_path)
+    assert f"- {run.run_id}: survived faults: 3.2 s: controller exited with status -9" in summary
 
 
 def test_write_run_record_rejects_unknown_status(tmp_path):

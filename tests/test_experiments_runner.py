@@ -11,14 +11,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from experiments import results
 from experiments.results import completed_run_ids, read_run_record
 from experiments.spec import load_spec
 from fabric_tools import REPO, experiments_cli, finish, leftovers
 
 SMOKE = REPO / "experiments" / "smoke.yaml"
 OVERLOAD = REPO / "tests" / "fixtures" / "experiments" / "overload.yaml"
-RUN_FILES = ["run.json", "ports.csv", "port_rates.csv", "cpu.csv", "queues.csv", "sockets.csv", "ovs.json"]
-PROCESS_FILES = ["stdout.log", "stderr.log", "iterations.csv", "tensors.csv", "summary.json", "trace.json"]
+PROCESS_FILES = ["stdout.log", "stderr.log", "trace.json", *results.PROCESS_FILES]
 # Two repetitions of the smoke spec with a background flow, random loss on a fabric link and a
 # rate cut on a host link, all active early in each run: an interrupt finds them switched on.
 DISTURBED = ["--set", "repetitions=2", "--set", "job.iterations=60",
@@ -46,10 +46,10 @@ def test_smoke_spec_writes_every_result_and_both_modes_train_alike(tmp_path):
         assert (out / name).stat().st_size > 0, name
     assert list((out / "plots").glob("*.png"))
     spec = load_spec(SMOKE)
-    assert completed_run_ids(out) == {run.run_id for run in spec.runs}
+    assert completed_run_ids(out, spec) == {run.run_id for run in spec.runs}
     for run in spec.runs:
         run_path = out / "runs" / run.run_id
-        for name in RUN_FILES:
+        for name in ["run.json", *results.RUN_FILES]:
             assert (run_path / name).stat().st_size > 0, f"{run.run_id}/{name}"
         hosts = [(host, "worker", rank) for rank, host in enumerate(run.config.worker_hosts)]
         hosts += [(host, "server", rank) for rank, host in enumerate(run.config.server_hosts)]
@@ -85,14 +85,15 @@ def test_interrupted_experiment_leaves_nothing_and_resumes(tmp_path):
     status, _, stderr = finish(process, timeout=60)
     assert status != 0 and "--resume" in stderr
     assert leftovers() == []
-    finished = completed_run_ids(out)
+    finished = completed_run_ids(out, load_spec(SMOKE, DISTURBED[1::2]))
     assert first_run in finished and len(finished) < 4
     first_record = read_run_record(out, first_run)
 
     status, stdout, stderr = finish(experiments_cli(str(SMOKE), "--out", str(out), "--resume", *DISTURBED,
                                                    cwd=tmp_path), timeout=240)
     assert status == 0, stderr[-2000:]
-    assert completed_run_ids(out) == {run.run_id for run in load_spec(SMOKE, DISTURBED[1::2]).runs}
+    disturbed = load_spec(SMOKE, DISTURBED[1::2])
+    assert completed_run_ids(out, disturbed) == {run.run_id for run in disturbed.runs}
     assert read_run_record(out, first_run) == first_record  # kept, not run again
     assert len(pd.read_csv(out / "runs.csv")) == 4
     iperf_log = (out / "runs" / first_run / "flow0-h1-h4.log").read_text()

@@ -2,7 +2,7 @@
 pre-bound sockets (--random-sport) or all from one socket: what `spray` turns into per-packet
 load balancing. Run inside a Mininet host by the fabric tests. Many ports, because the split
 over spines is a sample of OVS's hash over the ports used: 256 ports left ~3 points of noise on
-top of OVS's own unevenness with 3 buckets (PLATFORM.md), and the test allows 10."""
+top of OVS's own unevenness with 3 buckets (docs/platform.md), and the test allows 10."""
 import argparse
 import random
 import resource

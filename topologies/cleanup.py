@@ -1,9 +1,13 @@
 """Remove every leftover of ours, and only ours: `make clean-net` (python -m topologies.cleanup).
 
-Ours means: what the fabric state file records (controller, host shells, host processes), OVS
-bridges carrying our external id, the veths of our switches, nftables tables named dnntb*, and
-`python -m controller|hostapps|experiments` processes started from this repo. Unlike `mn -c`, other bridges, other
-controllers and the system temp folder are left alone.
+Ours means marked by us, never matched by a name pattern (another Mininet network may well have a
+`leaf1` or an `edge1-eth0`, and a PID is reused once its process ends):
+- processes: those the fabric state file records with their start time; a recorded PID that now
+  belongs to another process has another start time and is left alone;
+- OVS bridges: the external id OWNER_KEY;
+- interfaces: the alias OWNER_KEY that every interface of our links carries;
+- nftables tables: the comment OWNER_KEY (the runner's loss faults).
+Unlike `mn -c`, other bridges, other processes and the system temp folder are left alone.
 """
 from __future__ import annotations
 
@@ -17,74 +21,69 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TypedDict
 
-from topologies.nodes import OWNER_KEY
-
+OWNER_KEY = "dnn-testbed"  # our mark on bridges, interfaces and nftables tables
 REPO = Path(__file__).resolve().parent.parent
 STATE_DIR = Path("/run/dnn-testbed")
 LOCK_FILE = STATE_DIR / "fabric.lock"
 STATE_FILE = STATE_DIR / "fabric.json"
-OUR_MODULES = ("controller", "hostapps", "experiments")
-SWITCH_INTF = re.compile(r"^(leaf|spine|core|agg|edge)\d+-eth\d+$")
+TERM_GRACE_S = 3.0
 
 
-def _kill(pids: list[int]) -> list[int]:
-    """SIGTERM, wait up to 3 s, then SIGKILL; returns the pids that existed."""
-    alive = []
-    for pid in pids:
+class ProcessRecord(TypedDict):
+    """A process as the state file knows it: its PID and when it started (clock ticks since boot)."""
+    pid: int
+    start: int
+    argv0: str
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def process_record(pid: int) -> ProcessRecord | None:
+    """The record of a running process (None when it is gone)."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        return None
+    try:
+        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+    except OSError:
+        argv0 = ""
+    return {"pid": pid, "start": int(fields[19]), "argv0": argv0}
+
+
+def is_alive(record: ProcessRecord) -> bool:
+    """The recorded process still runs: same PID, same start time, not a zombie."""
+    fields = _stat_fields(record["pid"])
+    return fields is not None and int(fields[19]) == record["start"] and fields[0] != "Z"
+
+
+def kill_recorded(records: list[ProcessRecord], grace: float = TERM_GRACE_S) -> list[int]:
+    """SIGTERM the recorded processes that are still the ones recorded, SIGKILL those left after
+    `grace` seconds; returns their PIDs. Each signal is sent only after checking the start time."""
+    alive = [record for record in records if is_alive(record)]
+    for record in alive:
         try:
-            os.kill(pid, signal.SIGTERM)
-            alive.append(pid)
-        except (ProcessLookupError, PermissionError):
-            pass
-    deadline = time.monotonic() + 3
-    while alive and time.monotonic() < deadline:
-        alive = [p for p in alive if Path(f"/proc/{p}").exists() and not _zombie(p)]
-        time.sleep(0.1)
-    for pid in alive:
-        try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(record["pid"], signal.SIGTERM)
         except ProcessLookupError:
             pass
-    return alive
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
-def our_processes(exclude: set[int]) -> list[int]:
-    """Processes running `-m controller|hostapps|experiments` with this repo as working dir."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) in exclude:
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-            cwd = os.readlink(proc / "cwd")
-        except OSError:
-            continue
-        for i, arg in enumerate(argv[:-1]):
-            if arg == b"-m" and argv[i + 1].split(b".")[0].decode(errors="replace") in OUR_MODULES \
-                    and cwd.startswith(str(REPO)):
-                pids.append(int(proc.name))
-    return pids
-
-
-def mininet_host_shells() -> list[int]:
-    """Live `bash ... mininet:NAME` host shells (zombies of dead ones do not count)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and b"mininet:" in (proc / "cmdline").read_bytes() \
-                    and not _zombie(int(proc.name)):
-                pids.append(int(proc.name))
-        except OSError:
-            continue
-    return pids
+    deadline = time.monotonic() + grace
+    left = alive
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = [record for record in left if is_alive(record)]
+    for record in left:
+        if is_alive(record):
+            try:
+                os.kill(record["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return [record["pid"] for record in alive]
 
 
 def our_bridges() -> list[str]:
@@ -99,43 +98,38 @@ def our_bridges() -> list[str]:
 
 
 def our_interfaces() -> list[str]:
-    out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-    names = [line.split(":")[1].strip().split("@")[0] for line in out.splitlines()]
-    return [n for n in names if SWITCH_INTF.match(n)]
-
-
-def clean_state() -> None:
-    """Forget the state file of a fabric that stopped normally."""
-    STATE_FILE.unlink(missing_ok=True)
+    """Interfaces of this (the root) namespace carrying our alias."""
+    out = subprocess.run(["ip", "-j", "link", "show"], capture_output=True, text=True).stdout
+    return [link["ifname"] for link in json.loads(out or "[]") if link.get("ifalias") == OWNER_KEY]
 
 
 def our_nft_tables() -> list[tuple[str, str]]:
-    """(family, name) of root-namespace nftables tables of ours (the runner's loss faults)."""
-    out = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
-    return [(family, name) for family, name in re.findall(r"^table (\S+) (dnntb\S*)$", out, re.M)]
+    """(family, name) of root-namespace nftables tables carrying our comment."""
+    ruleset = subprocess.run(["nft", "list", "ruleset"], capture_output=True, text=True).stdout
+    return re.findall(rf'^table (\S+) (\S+) {{\n\s*comment "{OWNER_KEY}"', ruleset, re.M)
 
 
-def clean_stale(strays: bool = False, verbose: bool = False) -> list[str]:
-    """Remove what a killed fabric left behind (call with the fabric lock held).
+def read_state() -> dict:
+    try:
+        return json.loads(STATE_FILE.read_text())
+    except (OSError, ValueError):
+        return {}
 
-    strays: also kill `python -m controller|hostapps|experiments` processes started from this
-    repo that no state file records; only for `make clean-net`, since a fabric starting up must
-    not kill a live runner or test of ours that merely sits between two fabrics."""
+
+def write_state(state: dict) -> None:
+    tmp = STATE_FILE.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state))
+    tmp.replace(STATE_FILE)
+
+
+def clean_stale(verbose: bool = False) -> list[str]:
+    """Remove what a killed fabric left behind (call with the fabric lock held)."""
     done = []
     if STATE_FILE.exists():
-        try:
-            state = json.loads(STATE_FILE.read_text())
-        except ValueError:
-            state = {}
-        pids = [p for p in [state.get("controller_pid"), *state.get("process_pids", []),
-                            *state.get("host_pids", [])] if p]
-        if _kill(pids):
-            done.append(f"killed {len(pids)} recorded processes")
-        STATE_FILE.unlink(missing_ok=True)
-    if strays:
-        killed = _kill(our_processes(exclude={os.getpid(), os.getppid()}))
+        killed = kill_recorded(read_state().get("processes", []))
         if killed:
-            done.append(f"killed stray processes {killed}")
+            done.append(f"stopped {len(killed)} recorded processes {killed}")
+        STATE_FILE.unlink(missing_ok=True)
     for br in our_bridges():
         subprocess.run(["ovs-vsctl", "--timeout=5", "del-br", br], capture_output=True)
         done.append(f"deleted bridge {br}")
@@ -165,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
             if not args.force:
                 sys.exit("error: a fabric is running right now (it holds "
                          f"{LOCK_FILE}); stop it, or use --force")
-        clean_stale(strays=True, verbose=True)
+        clean_stale(verbose=True)
 
 
 if __name__ == "__main__":

@@ -20,16 +20,19 @@ import sys
 import tempfile
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from mininet.net import Mininet
 from mininet.node import RemoteController
 
-from topologies.cleanup import LOCK_FILE, REPO, STATE_DIR, STATE_FILE, clean_stale, clean_state
+from topologies.cleanup import LOCK_FILE, REPO, STATE_DIR, clean_stale, process_record, write_state
 from topologies.leafspine import TopologyError, topos
 from topologies.machine import MachineError, prepare
 
 VENV_PYTHON = REPO / ".venv" / "bin" / "python"
+CONTROLLER_CHECK_TIMEOUT_S = 2.0
 _running: "Fabric | None" = None  # the fabric this process runs (the lock is per machine)
 
 
@@ -45,9 +48,12 @@ class Fabric:
     def __init__(self, kind: str = "leafspine", params: dict | None = None, lb: str = "ecmp",
                  ofp_port: int = 6653, rest_port: int = 8080, workdir: str | Path | None = None,
                  stats_csv: str | Path | None = None, stats_interval: float = 1.0,
-                 lock_timeout: float = 600.0, own_controller: bool = True) -> None:
+                 lock_timeout: float = 600.0, own_controller: bool = True,
+                 known_hosts: bool = True) -> None:
         """own_controller=False: use a controller already listening on ofp_port/rest_port
-        (and leave it running), as a user re-running `mn` against one controller does."""
+        (and leave it running), as a user re-running `mn` against one controller does.
+        known_hosts: our controller is told every host in advance (routes exist from the start,
+        and again right after a restart); False: it learns them from ARP, as with plain `mn`."""
         if kind not in topos:
             raise TopologyError(f"kind: {kind!r} is not allowed (one of {', '.join(topos)})")
         self.topo = topos[kind](**(params or {}))  # validates the parameters
@@ -56,7 +62,7 @@ class Fabric:
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="fabric-", dir="/var/tmp"))
         self.stats_csv, self.stats_interval = stats_csv, stats_interval
         self.lock_timeout = lock_timeout
-        self.own_controller = own_controller
+        self.own_controller, self.known_hosts = own_controller, known_hosts
         self.net: Mininet | None = None
         self.controller: subprocess.Popen | None = None
         self.processes: list[subprocess.Popen] = []
@@ -100,23 +106,27 @@ class Fabric:
         self.wait_fabric()
 
     def stop(self) -> None:
-        """Tear down everything this fabric started; safe to call twice or after a failure."""
-        for proc in self.processes:
-            kill_group(proc)
-        self.processes.clear()
-        if self.net is not None:
-            net, self.net = self.net, None
-            try:
-                net.stop()
-                for controller in net.controllers:  # RemoteController.stop leaves its shell
-                    controller.terminate()
-            except Exception as err:  # keep tearing down; clean-up catches what is left
-                print(f"fabric: mininet stop failed: {err}", file=sys.stderr)
-        if self.controller is not None:
-            kill_group(self.controller)
-            self.controller = None
-        clean_state()
-        self._release_lock()
+        """Tear down everything this fabric started; safe to call twice or after a failure. Ctrl-C
+        and SIGTERM wait until it is done (an interrupted Mininet stop left bridges behind)."""
+        if self._lock is None:
+            return  # never started, or stopped already
+        with signals_deferred():
+            for proc in self.processes:
+                kill_group(proc)
+            self.processes.clear()
+            if self.net is not None:
+                net, self.net = self.net, None
+                try:
+                    net.stop()
+                    for controller in net.controllers:  # RemoteController.stop leaves its shell
+                        controller.terminate()
+                except Exception as err:  # keep tearing down; clean-up catches what is left
+                    print(f"fabric: mininet stop failed: {err}", file=sys.stderr)
+            if self.controller is not None:
+                kill_group(self.controller)
+                self.controller = None
+            clean_stale()  # whatever the teardown left; forgets the state file
+            self._release_lock()
 
     def _acquire_lock(self) -> None:
         global _running
@@ -150,25 +160,30 @@ class Fabric:
             _running = None
 
     def _write_state(self) -> None:
-        """Record what we started before it exists, so a killed run can be cleaned up."""
-        state = {
-            "owner_pid": os.getpid(),
-            "controller_pid": self.controller.pid if self.controller else None,
-            "process_pids": [p.pid for p in self.processes],
-            "switches": list(self.topo.switches()),
-            "host_pids": [h.pid for h in self.net.hosts] if self.net else [],
-        }
-        tmp = STATE_FILE.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state))
-        tmp.replace(STATE_FILE)
+        """Record what we started (with each process's start time, so that clean-up after a crash
+        signals only those very processes), dropping what has ended."""
+        self.processes = [proc for proc in self.processes if proc.poll() is None]
+        pids = [proc.pid for proc in self.processes]
+        if self.controller is not None:
+            pids.append(self.controller.pid)
+        if self.net is not None:  # every node's shell: hosts, switches, the controller's
+            pids += [node.pid for node in (*self.net.hosts, *self.net.switches, *self.net.controllers)
+                     if getattr(node, "pid", None)]
+        records = [record for record in map(process_record, pids) if record is not None]
+        write_state({"owner": process_record(os.getpid()), "processes": records,
+                     "switches": list(self.topo.switches())})
 
     def _start_controller(self) -> None:
         cmd = [controller_python(), "-m", "controller", "--lb", self.lb,
                "--ofp-port", str(self.ofp_port), "--rest-port", str(self.rest_port),
                "--log-file", str(self.controller_log), "--stats-interval", str(self.stats_interval)]
+        if self.known_hosts:
+            hosts_file = self.workdir / "hosts.json"
+            hosts_file.write_text(json.dumps(topo_hosts(self.topo)))  # read only by the controller it starts
+            cmd += ["--hosts-file", str(hosts_file)]
         if self.stats_csv:
             cmd += ["--stats-csv", str(self.stats_csv)]
-        err = open(self.workdir / "controller.stderr", "w")
+        err = open(self.workdir / "controller.stderr", "a")
         self.controller = subprocess.Popen(cmd, cwd=REPO, stdout=err, stderr=subprocess.STDOUT,
                                            start_new_session=True)
         self._write_state()
@@ -187,6 +202,48 @@ class Fabric:
     @property
     def controller_log(self) -> Path:
         return self.workdir / "controller.log"
+
+    def controller_down(self) -> str:
+        """Why our controller is not serving ('' while it is): it exited, or its REST is silent."""
+        if self.controller is None:
+            return ""
+        if (status := self.controller.poll()) is not None:
+            return f"controller exited with status {status}"
+        try:
+            self.rest("/fabric", timeout=CONTROLLER_CHECK_TIMEOUT_S)
+        except OSError as error:
+            return f"controller REST did not answer ({error})"
+        return ""
+
+    def restart_controller(self, jobs: list[dict], timeout: float = 30.0) -> None:
+        """Replace a dead or silent controller on the running fabric: a new one with the same ports,
+        the fabric's hosts known in advance, then `jobs` registered again; returns once every
+        switch has reconnected with the same flow tables as before the fault (or FabricError)."""
+        before = self.flow_tables()
+        kill_group(self.controller)
+        self._start_controller()
+        for job in jobs:
+            self.rest("/jobs", "POST", job)
+        self.wait_fabric(timeout)
+        deadline = time.monotonic() + timeout
+        while (tables := self.flow_tables()) != before:
+            if time.monotonic() > deadline:
+                differ = sorted(name for name in tables if tables[name] != before.get(name))
+                raise FabricError(f"after a controller restart the flow tables of {', '.join(differ)} "
+                                  f"differ from before after {timeout:.0f} s")
+            time.sleep(0.2)
+
+    def flow_tables(self) -> dict[str, list[str]]:
+        """Every switch's flows and groups (no counters), sorted: what the controller installed."""
+        tables = {}
+        for switch in self.topo.switches():
+            lines = []
+            for what in ("dump-flows", "dump-groups"):
+                out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", "--no-stats", what, switch],
+                                     capture_output=True, text=True).stdout
+                lines += [line.strip() for line in out.splitlines()[1:]]
+            tables[switch] = sorted(lines)
+        return tables
 
     # -- readiness ----------------------------------------------------------------------------
     def wait_fabric(self, timeout: float = 30.0) -> None:
@@ -232,11 +289,12 @@ class Fabric:
         self._write_state()
         return proc
 
-    def rest(self, path: str, method: str = "GET", body: dict | None = None) -> dict | list:
+    def rest(self, path: str, method: str = "GET", body: dict | None = None,
+             timeout: float = 5.0) -> dict | list:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(f"http://127.0.0.1:{self.rest_port}{path}", data=data,
                                      method=method, headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=5) as resp:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             return json.loads(resp.read())
 
     def controller_problems(self) -> list[str]:
@@ -248,6 +306,32 @@ class Fabric:
 
     def set_link(self, a: str, b: str, up: bool) -> None:
         self.net.configLinkStatus(a, b, "up" if up else "down")
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM are held while the block runs, and delivered after it."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def topo_hosts(topo) -> list[dict]:
+    """The hosts of a Topo as the controller's hosts file lists them: ip, mac, and the DPID and
+    port of the switch port each attaches to."""
+    switches = set(topo.switches())
+    hosts = []
+    for _, _, link in topo.links(withInfo=True):
+        for host, switch, port in ((link["node1"], link["node2"], link["port2"]),
+                                   (link["node2"], link["node1"], link["port1"])):
+            if host not in switches and switch in switches:
+                info = topo.nodeInfo(host)
+                hosts.append({"ip": info["ip"].split("/")[0], "mac": info["mac"],
+                              "dpid": int(topo.nodeInfo(switch)["dpid"], 16), "port": port})
+    return hosts
 
 
 def kill_group(proc: subprocess.Popen, grace: float = 3.0) -> None:

@@ -10,11 +10,10 @@ from mininet.link import Intf, Link
 from mininet.node import Host, OVSSwitch
 from mininet.util import errRun
 
+from topologies.cleanup import OWNER_KEY
 from topologies.machine import DEFAULT_TCP_CC, check_tcp_cc
 from topologies.shaping import DEFAULT_MTU, check_mtu, htb_priority_tree, offloads_off
 
-# Marks our bridges and interfaces in OVSDB so clean-up removes ours and only ours.
-OWNER_KEY = "dnn-testbed"
 DEFAULT_QUEUE_BYTES = 256 * 1024
 
 
@@ -71,8 +70,8 @@ class FabricHost(Host):
 
 
 class ShapedIntf(Intf):
-    """A veth end at the link's MTU, with offloads off and its egress shaped by the 8-class
-    priority tree.
+    """A veth end at the link's MTU, marked ours (its alias, for clean-up), with offloads off and its
+    egress shaped by the 8-class priority tree.
 
     Both ends are shaped: a switch port queues like a real switch's, and a host's end is its NIC,
     which must cap what a host sends (a parameter server may not push n links' worth at once)."""
@@ -81,7 +80,7 @@ class ShapedIntf(Intf):
                mtu: int = DEFAULT_MTU, **params) -> dict:
         result = super().config(**params)
         self.mtu = check_mtu(mtu)
-        self._run(f"ip link set dev {self.name} mtu {mtu}")
+        self._run(f"ip link set dev {self.name} mtu {mtu} alias {OWNER_KEY}")
         self.cmd(offloads_off(self.name))
         self.bw, self.queue_bytes = bw, queue_bytes
         self.shape()

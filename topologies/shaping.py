@@ -3,7 +3,7 @@ class selector (the top 3 bits of the TOS byte), served CS7, CS6, ..., CS2, CS0 
 CS1 last: CS1 is the droppable (scavenger, RFC 3662/8622 lower-effort) class, with a short queue,
 so under congestion its datagrams wait behind everything and are the first dropped.
 
-Why these choices (measured on a 2-core VM; docs in README "The fabric"):
+Why these choices (measured on a 2-core VM; docs/platform.md "Queues and rates"):
 - Bursts: with tc's default bursts (cburst ~ one MTU) a class at its ceiling sends about one packet
   per qdisc watchdog tick and the fabric carries a third of its rate; 64 KB bursts lift HTB to
   TBF's level.
