@@ -108,7 +108,8 @@ class FabricController(app_manager.RyuApp):
         logging.getLogger().addHandler(self.errors)
         self.stats_writer = PortStatsWriter(conf.stats_csv) if conf.stats_csv else None
         self.stats_interval = conf.stats_interval
-        self.known_hosts = load_hosts(conf.hosts_file) if conf.hosts_file else []
+        for host in load_hosts(conf.hosts_file) if conf.hosts_file else []:
+            self.view.pin_host(host)
         self.probe_interval = conf.probe_interval
         # Our own WSGI app and server, not Ryu's "wsgi" context: Ryu starts that server with
         # no connection limits or timeouts (see controller/rest.py).
@@ -239,9 +240,6 @@ class FabricController(app_manager.RyuApp):
         self.datapaths[dp.id] = dp
         self.view.add_switch(dp.id, name, ports)
         LOG.info("switch %s (%016x) connected with %d ports", name, dp.id, len(ports))
-        for host in self.known_hosts:
-            if host.dpid == dp.id:
-                self.view.learn_host(host.ip, host.mac, host.dpid, host.port)
         self.recompute()
         for port in self.view.switches[dp.id].live_ports():
             self.send_probe(dp, port)

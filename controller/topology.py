@@ -33,14 +33,33 @@ class FabricView:
         # (dpid, port) -> (peer dpid, peer port); stored both ways
         self.links: dict[tuple[int, int], tuple[int, int]] = {}
         self.hosts: dict[str, Host] = {}
+        # Hosts known in advance (the runner's hosts file): they are where they are said to be, and
+        # come back whenever their port does. A packet seen elsewhere (on an uplink whose link is
+        # not discovered yet, as right after a controller restart) does not move them.
+        self.pinned: dict[str, Host] = {}
 
     # -- switches and ports ---------------------------------------------------------------
     def add_switch(self, dpid: int, name: str, ports: dict[int, tuple[str, bool]]) -> bool:
         """A switch (re)connected: whatever we knew of it is forgotten (it may be a new fabric
-        reusing the DPID with another shape)."""
+        reusing the DPID with another shape), but its pinned hosts."""
         self.remove_switch(dpid)
         self.switches[dpid] = Switch(dpid, name, dict(ports))
+        self._restore_pinned(dpid)
         return True
+
+    def pin_host(self, host: Host) -> bool:
+        """Know `host` in advance (see `pinned`); learnt now if its port is up."""
+        self.pinned[host.ip] = host
+        return self._restore_pinned(host.dpid)
+
+    def _restore_pinned(self, dpid: int, port: int | None = None) -> bool:
+        changed = False
+        for host in self.pinned.values():
+            if host.dpid == dpid and port in (None, host.port) and self.hosts.get(host.ip) != host:
+                if self.port_up(host.dpid, host.port) and not self.is_fabric_port(host.dpid, host.port):
+                    self.hosts[host.ip] = host
+                    changed = True
+        return changed
 
     def remove_switch(self, dpid: int) -> bool:
         if dpid not in self.switches:
@@ -64,6 +83,8 @@ class FabricView:
             for ip in [ip for ip, h in self.hosts.items() if (h.dpid, h.port) == (dpid, port)]:
                 del self.hosts[ip]
                 changed = True
+        else:
+            changed |= self._restore_pinned(dpid, port)
         return changed
 
     def delete_port(self, dpid: int, port: int) -> bool:
@@ -117,8 +138,11 @@ class FabricView:
 
     # -- hosts ----------------------------------------------------------------------------
     def learn_host(self, ip: str, mac: str, dpid: int, port: int) -> bool:
-        """A host spoke on (dpid, port). Only edge ports teach: floods cross fabric ports."""
+        """A host spoke on (dpid, port). Only edge ports teach: floods cross fabric ports. A pinned
+        host stays where it is pinned."""
         if not self.port_up(dpid, port) or self.is_fabric_port(dpid, port):
+            return False
+        if ip in self.pinned and (self.pinned[ip].dpid, self.pinned[ip].port) != (dpid, port):
             return False
         host = Host(ip, mac, dpid, port)
         if self.hosts.get(ip) == host:

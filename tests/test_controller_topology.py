@@ -250,3 +250,19 @@ def test_any_event_sequence_keeps_the_view_consistent(ops):
         check_invariants(v)
         if not changed:
             assert snapshot(v) == before, f"{op} said no change but changed the view"
+
+
+def test_pinned_hosts_stay_where_they_are_pinned():
+    """Hosts from the runner's hosts file: learnt when their switch connects, not moved by a packet
+    seen on an uplink whose link is not discovered yet, back when their port comes back."""
+    view = FabricView()
+    pinned = Host("10.0.0.1", "00:00:00:00:00:01", 0x1001, 1)
+    assert not view.pin_host(pinned), "its switch is not connected yet"
+    view.add_switch(0x2001, "spine1", {1: ("spine1-eth1", True)})
+    view.add_switch(0x1001, "leaf1", {1: ("leaf1-eth1", True), 3: ("leaf1-eth3", True)})
+    assert view.hosts == {"10.0.0.1": pinned}
+    assert not view.learn_host("10.0.0.1", "00:00:00:00:00:01", 0x2001, 1), "a spine port, link unknown"
+    assert view.hosts["10.0.0.1"] == pinned
+    assert view.set_port(0x1001, 1, "leaf1-eth1", False) and "10.0.0.1" not in view.hosts
+    assert view.set_port(0x1001, 1, "leaf1-eth1", True) and view.hosts["10.0.0.1"] == pinned
+    assert view.learn_host("10.0.0.2", "00:00:00:00:00:02", 0x2001, 1), "others are learnt as before"

@@ -229,8 +229,12 @@ class Fabric:
         while (tables := self.flow_tables()) != before:
             if time.monotonic() > deadline:
                 differ = sorted(name for name in tables if tables[name] != before.get(name))
+                first = differ[0]
+                lost = sorted(set(before.get(first, [])) - set(tables[first]))
+                new = sorted(set(tables[first]) - set(before.get(first, [])))
                 raise FabricError(f"after a controller restart the flow tables of {', '.join(differ)} "
-                                  f"differ from before after {timeout:.0f} s")
+                                  f"differ from before after {timeout:.0f} s ({first}: lost {lost[:3]}, "
+                                  f"new {new[:3]})")
             time.sleep(0.2)
 
     def flow_tables(self) -> dict[str, list[str]]:
