@@ -212,7 +212,7 @@ def min_delivered_fraction(tensors: pd.DataFrame) -> float:
 
 # links.csv columns (after run_id): one row per switch port and sampling interval.
 LINK_COLUMNS = [
-    "time_s", "interval_s", "switch", "port", "peer", "tier", "rate_mbps",
+    "time_s", "interval_s", "switch", "role", "port", "peer", "tier", "rate_mbps",
     "tx_bytes", "rx_bytes", "tx_pkts", "rx_pkts", "tx_mbps", "rx_mbps",
     "tx_util_frac", "rx_util_frac", "tx_dropped_pkts", "rx_dropped_pkts",
     "queue_drops_pkts", "socket_drops_pkts",
@@ -234,7 +234,7 @@ def link_utilization(ports: pd.DataFrame, port_rates: pd.DataFrame, queues: pd.D
     samples = samples.sort_values(["switch", "port", "time_s"])
     counters = ["tx_bytes", "rx_bytes", "tx_packets", "rx_packets", "tx_dropped", "rx_dropped"]
     deltas = samples.groupby(["switch", "port"])[["time_s", *counters]].diff()
-    links = samples[["time_s", "switch", "port", "peer", "tier", "rate_mbps"]].assign(
+    links = samples[["time_s", "switch", "role", "port", "peer", "tier", "rate_mbps"]].assign(
         interval_s=deltas["time_s"],
         tx_bytes=deltas["tx_bytes"], rx_bytes=deltas["rx_bytes"],
         tx_pkts=deltas["tx_packets"], rx_pkts=deltas["rx_packets"],
@@ -290,7 +290,7 @@ def uplink_imbalance(links: pd.DataFrame) -> float:
     leaves weighted by their uplink bytes, so idle leaves do not count. NaN when no uplink
     transmitted anything (or on a fabric without leaves, e.g. a fat-tree).
     """
-    uplinks = links[(links["tier"] == "fabric") & links["switch"].astype(str).str.startswith("leaf")]
+    uplinks = links[(links["tier"] == "fabric") & (links["role"] == "leaf")]
     per_port = uplinks.groupby(["switch", "port"])["tx_bytes"].sum()
     per_leaf = per_port.groupby(level="switch").agg(["max", "mean", "sum"])
     per_leaf = per_leaf[per_leaf["sum"] > 0]

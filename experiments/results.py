@@ -33,6 +33,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from controller import stats as controller_stats
 from experiments import fidelity, metrics
 from experiments.sampler import CPU_COLUMNS, DRAIN_COLUMNS, QUEUE_COLUMNS, SOCKET_COLUMNS
 from experiments.spec import CONFIG_COLUMNS, Run, Spec, get_field, parse_spec, scheme_of
@@ -49,9 +50,8 @@ ITERATION_COLUMNS = list(records.ITERATION_COLUMNS)
 TENSOR_COLUMNS = list(records.TENSOR_COLUMNS)
 # bytes_per_iteration is the model's size in bytes: the S of the lower bounds.
 SUMMARY_FIELDS = ["final_accuracy", "iterations", "bytes_per_iteration", "param_count", "wall_time_s"]
-PORT_COLUMNS = ["time_s", "switch", "port", "tx_bytes", "rx_bytes", "tx_packets", "rx_packets",
-                "tx_dropped", "rx_dropped"]
-PORT_RATE_COLUMNS = ["switch", "port", "peer", "rate_mbps", "tier"]
+PORT_COLUMNS = list(controller_stats.PORT_COLUMNS)  # the controller's port statistics
+PORT_RATE_COLUMNS = ["switch", "port", "peer", "rate_mbps", "tier", "role"]
 # OUT/queues.csv columns (after run_id): per switch port and class, over the run.
 QUEUE_TOTAL_COLUMNS = ["switch", "port", "cs", "sent_pkts", "dropped_pkts"]
 

@@ -16,6 +16,7 @@ runner started and keeps the finished runs for --resume.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import os
@@ -28,7 +29,7 @@ import time
 import urllib.error
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import pandas as pd
 from mininet.log import setLogLevel
@@ -40,9 +41,8 @@ from experiments.results import (PORT_COLUMNS, PORT_RATE_COLUMNS, aggregate, com
                                  process_dir, read_run_record, run_dir, start_output, write_csv,
                                  write_run_record)
 from experiments.sampler import FabricSampler
-from experiments.spec import BEST_SEND_ORDER, Run, Spec, Topology
-from hostapps.config import RunConfig as HostAppConfig
-from hostapps.config import build_model
+from experiments.spec import Run, Spec, Topology
+from hostapps.config import ProcessConfig, Training, build_model, process_arguments
 from hostapps.mlt import payload_for_mtu
 from topologies.cleanup import REPO
 from topologies.fabric import Fabric, FabricError, kill_group
@@ -156,14 +156,15 @@ def switch_ports(fab: Fabric) -> dict[str, tuple[str, int]]:
 
 
 def port_rates(fab: Fabric) -> pd.DataFrame:
-    """port_rates.csv rows: every switch port with its peer, configured rate and tier."""
-    switches = {switch.name for switch in fab.net.switches}
-    rows = []
+    """port_rates.csv rows: every switch port with its peer, configured rate, tier and the switch's
+    role, from the fabric's layout and its links' rates."""
+    layout, rows = fab.topo.layout, []
     for link in fab.net.links:
         for here, there in ((link.intf1, link.intf2), (link.intf2, link.intf1)):
-            if here.node.name in switches:
-                tier = "fabric" if there.node.name in switches else "host"
-                rows.append([here.node.name, here.node.ports[here], there.node.name, here.bw, tier])
+            node = layout.node(here.node.name)
+            if node.is_switch:
+                tier = "fabric" if layout.node(there.node.name).is_switch else "host"
+                rows.append([node.name, here.node.ports[here], there.node.name, here.bw, tier, node.role])
     return pd.DataFrame(rows, columns=PORT_RATE_COLUMNS)
 
 
@@ -246,14 +247,22 @@ def host_ips(fab: Fabric, run: Run) -> dict[str, str]:
     return {host: fab.host(host).IP() for host in run.config.hosts}
 
 
+def process_config(run: Run, role: str, rank: int, ip: dict[str, str], **process: Any) -> ProcessConfig:
+    """One process of the run's job: the spec's training knobs as they are, the peers' addresses and
+    the fabric's facts (link rate for pacing and profile timing, datagram payload at the MTU)."""
+    config = run.config
+    training = {field.name: getattr(run.job, field.name) for field in dataclasses.fields(Training)}
+    return ProcessConfig(**training, role=role, rank=rank,
+                         workers=[(ip[host], WORKER_PORT) for host in config.worker_hosts],
+                         servers=[(ip[host], SERVER_PORT) for host in config.server_hosts],
+                         timeout=PEER_TIMEOUT_S, link_mbps=config.topology.host_bw,
+                         mtu_payload=payload_for_mtu(config.topology.mtu), **process)
+
+
 def layer_table(run: Run) -> list[dict]:
     """The job's layers (index, name, bytes) as the host apps build the model."""
-    job = run.job
-    cfg = HostAppConfig(role="worker", rank=0, workers=[("127.0.0.1", WORKER_PORT)],
-                        mode="allreduce", width=job.model.width, depth=job.model.depth,
-                        profile=None if job.model.name == "mlp" else job.model.name,
-                        scale=job.model.scale, link_mbps=run.topology.host_bw, seed=job.seed)
-    model = build_model(cfg)
+    ip = {host: "127.0.0.1" for host in run.config.hosts}
+    model = build_model(process_config(run, "worker", 0, ip))
     return [{"index": i, "name": layer.name, "bytes": int(layer.size) * 4}
             for i, layer in enumerate(model.layers)]
 
@@ -301,26 +310,8 @@ def launch_job(fab: Fabric, out: Path, run: Run, layer_dscp: dict[int, int],
     """The job's host apps, parameter-server shards first so the workers find them listening."""
     config, job = run.config, run.job
     ip = host_ips(fab, run)
-    workers = ",".join(f"{ip[host]}:{WORKER_PORT}" for host in config.worker_hosts)
-    servers = ",".join(f"{ip[host]}:{SERVER_PORT}" for host in config.server_hosts)
-    model = job.model
-    model_args = (["--model", "mlp", "--width", str(model.width), "--depth", str(model.depth)]
-                  if model.name == "mlp" else
-                  ["--profile", model.name, "--scale", str(model.scale),
-                   "--link-mbps", str(config.topology.host_bw)])
-    common = ["--workers", workers, *(["--servers", servers] if servers else []), "--mode", job.mode,
-              *model_args, "--iterations", str(job.iterations), "--batch", str(job.batch),
-              "--lr", str(job.lr), "--seed", str(job.seed), "--transport", job.transport,
-              "--timeout", str(PEER_TIMEOUT_S), "--eval-every", str(job.eval_every),
-              "--job", str(job_number), "--mtu-payload", str(payload_for_mtu(config.topology.mtu)),
-              "--loss-bound", str(job.loss_bound), "--fusion", job.fusion,
-              "--partition-bytes", str(job.partition_bytes),
-              "--policy", BEST_SEND_ORDER[job.mode] if job.policy == "best" else job.policy,
-              # A spec's matrix may cross slicing with both modes: allreduce has no PS messages to slice.
-              *(["--ps-slice-bytes", str(job.ps_slice_bytes)] if job.mode == "ps" else []),
-              *(["--drop-marking"] if job.drop_marking else []),
-              *(["--layer-dscp", ",".join(f"{layer}:{dscp}" for layer, dscp in sorted(layer_dscp.items()))]
-                if layer_dscp and job.transport == "mlt" else [])]
+    # mlt senders mark each tensor's datagrams with its class themselves (TCP's are marked by the controller)
+    dscp = layer_dscp if job.transport == "mlt" else {}
     roles = [("server", rank, host) for rank, host in enumerate(config.server_hosts)]
     roles += [("worker", rank, host) for rank, host in enumerate(config.worker_hosts)]
     processes = []
@@ -329,8 +320,8 @@ def launch_job(fab: Fabric, out: Path, run: Run, layer_dscp: dict[int, int],
         directory.mkdir(parents=True)
         stdout, stderr = directory / "stdout.log", directory / "stderr.log"
         with open(stdout, "w") as out_file, open(stderr, "w") as err_file:
-            argv = [sys.executable, "-m", "hostapps", role, "--rank", str(rank), "--out", str(directory),
-                    *common]
+            cfg = process_config(run, role, rank, ip, out=str(directory), job=job_number, layer_dscp=dscp)
+            argv = [sys.executable, "-m", "hostapps", role, *process_arguments(cfg)]
             popen = fab.popen(host, argv, cwd=REPO, stdout=out_file, stderr=err_file)
         processes.append(JobProcess(directory.name, popen, stdout, stderr))
     return processes

@@ -1,7 +1,10 @@
 """Experiment specs: the declared schema, validation, `--set` overrides and matrix expansion.
 
-A spec is YAML. Its schema is the dataclasses below: each field's type annotation says what
-YAML value it takes and `spec_field` adds the default and the allowed range. `load_spec`
+A spec is YAML. Its schema is the dataclasses below, on the schema engine the whole testbed shares
+(hostapps/schema.py): each field's type annotation says what YAML value it takes and `knob` adds the
+default and what is allowed. The job's knobs are the host apps' own (`Training`,
+hostapps/config.py), and choices are read from the registries that define them (load balancing
+modes, the controller's class policies, send orders, model profiles). `load_spec`
 checks everything (types, ranges, unknown keys, host names, links, placements of every run
 of the matrix) before any network state exists, and fails with one line naming the field:
 
@@ -15,43 +18,33 @@ Matrix: each axis is a name with values; scalar values set one dotted field, map
 are labelled sets of dotted-field overrides. The runs are the cartesian product of the axes
 times the repetitions, each with a stable run_id such as `scheme=spray,mode=ps,rep=1`.
 
-Node names, the contract with topologies/: hosts h1..hN numbered leaf by leaf (edge switch by
-edge switch); leaf-spine switches leaf1.., spine1..; fat-tree switches edge1.., agg1..,
-core1.. numbered pod by pod. A link is written `a-b` in either order.
+Node names and links come from the fabric's layout (topologies/layout.py): hosts h1..hN leaf by
+leaf; leaf-spine switches leaf1.., spine1..; fat-tree switches edge1.., agg1.., core1.. pod by pod.
+A link is written `a-b` in either order.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
-import functools
 import itertools
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from types import NoneType, UnionType
-from typing import Any, Callable, Iterable, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, Callable, Iterable, Literal
 
 import yaml
 
+from controller.routing import LB_MODES
+from controller.scheduling import POLICIES as CLASS_POLICIES
 from experiments.metrics import METRIC_COLUMNS
+from hostapps import schema
+from hostapps.config import U32, Training, check_training
 from hostapps.mlt import payload_for_mtu
-from topologies.leafspine import MAX_PER_TIER
+from hostapps.schema import SchemaError, knob, one_line, section, show
+from topologies.layout import MAX_PER_TIER, Layout, fat_tree, leaf_spine
 from topologies.machine import DEFAULT_TCP_CC, available_tcp_cc
 from topologies.shaping import DEFAULT_MTU, MAX_MTU, MIN_MTU
-
-# Choices that grow with the testbed: controller scheduling policies (controller/scheduling.py),
-# transports (hostapps), host send-order policies (hostapps/policies.py).
-LoadBalancing = Literal["ecmp", "spray", "single"]
-Scheduling = Literal["fifo", "layer", "tictac", "size"]
-Transport = Literal["tcp", "mlt"]
-SendOrder = Literal["ready", "best", "random", "priority", "tic", "tac", "caramel", "bytescheduler"]
-# `best`: the strongest ordering the mode has (TicTac TAC at a PS, ByteScheduler for all-reduce).
-BEST_SEND_ORDER = {"ps": "tac", "allreduce": "caramel"}
-PS_SEND_ORDERS = ("random", "priority", "tic", "tac")
-ALLREDUCE_SEND_ORDERS = ("caramel", "bytescheduler")
-ModelName = Literal["mlp", "resnet50", "vgg16", "bert_base"]  # all but mlp are size profiles
 
 # runs.csv columns that echo a config field. An axis may share one of these names only when
 # it is the scalar axis over that very field (the column then shows the axis value).
@@ -75,7 +68,7 @@ MAX_REPETITIONS = 100
 MAX_AXES = 6
 MAX_RUNS = 1000
 # Fabric sizes. Limits of the fabric's conventions: a tier of switches has MAX_PER_TIER DPIDs
-# (topologies/leafspine.py); a switch's port numbers stay well inside OpenFlow's 0xff00 (this
+# (topologies/layout.py); a switch's port numbers stay well inside OpenFlow's 0xff00 (this
 # one is not a constant of topologies/); Mininet names port n of a switch `<switch>-eth<n>`, and
 # Linux interface names have at most IFNAMSIZ - 1 characters.
 MAX_SWITCH_PORTS = 1024
@@ -96,64 +89,33 @@ LINK_RATE = (f"a rate in Mbit/s {MIN_RATE_MBIT:g}..{MAX_RATE_MBIT}, so that each
 MAX_SECONDS = 86_400
 AT_SECONDS = f"seconds after the job starts, 0..{MAX_SECONDS}"
 DURATION_SECONDS = f"seconds, > 0 and at most {MAX_SECONDS}"
-# Messages of the host apps: a fusion bucket, partition or PS slice below 1 KiB (256 floats)
-# costs Python more per message than its bytes (caramel at 16 KB already lost to ready order).
-MIN_PIECE_BYTES = 1024
-MAX_PIECE_BYTES = 1 << 30
-PIECE_BYTES = (f"{MIN_PIECE_BYTES}..{MAX_PIECE_BYTES}, smaller pieces cost a message per "
-               f"{MIN_PIECE_BYTES // 4} floats or fewer")
 # Background flows: flow i's iperf3 servers listen on 5201 + FLOW_PORTS*i + source index
 # (experiments/disturbances.py), below the job's ports 7000 and 7100 (experiments/runner.py).
 FLOW_PORTS = 10
 MAX_FLOWS = 100
 # Seeds grow by one per repetition; scikit-learn's split takes seeds up to 2**32 - 1.
-MAX_SEED = 2 ** 32 - MAX_REPETITIONS
 
 
-class SpecError(ValueError):
+class SpecError(SchemaError):
     """A spec problem, as one line: `spec error: <dotted path>: <what is wrong>`."""
 
     def __init__(self, path: str, problem: str):
-        super().__init__(_one_line(f"spec error: {path}: {problem}"))
-        self.path = path
-        self.problem = problem
-
-
-def _one_line(text: str) -> str:
-    """text with its line breaks and other unprintable characters escaped."""
-    return "".join(char if char.isprintable() else char.encode("unicode_escape").decode() for char in text)
-
-
-SHOWN_CHARS = 60
-
-
-def show(value: Any) -> str:
-    """A value as the user wrote it, cut short: strings quoted, the rest in YAML flow style."""
-    if isinstance(value, str):
-        text = repr(value)
-    else:
-        text = yaml.safe_dump(value, default_flow_style=True, width=float("inf"))
-        text = text.removesuffix("\n").removesuffix("\n...").strip()
-    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}..."
+        super().__init__(path, problem)
+        self.args = (one_line(f"spec error: {path}: {problem}"),)
 
 
 def not_allowed(path: str, value: Any, allowed: str) -> SpecError:
     return SpecError(path, f"{show(value)} is not allowed ({allowed})")
 
 
-def spec_field(default: Any = dataclasses.MISSING, allowed: str = "",
-               check: Callable[[Any], bool] = lambda value: True) -> Any:
-    """A schema field: default (none = required), what is allowed in words (a Literal
-    field's choices need none), and a check of the parsed value against it."""
-    metadata = {"allowed": allowed, "check": check}
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
-    return field(default=default, metadata=metadata)
-
-
-def section(cls: type) -> Any:
-    """A nested section whose fields all default."""
-    return field(default_factory=cls)
+def build(cls: type, raw: Any, path: str = "", also_known: tuple[str, ...] = (), base: Any = None) -> Any:
+    """schema.build, its errors as SpecErrors."""
+    try:
+        return schema.build(cls, raw, path, also_known, base)
+    except SpecError:
+        raise
+    except SchemaError as error:
+        raise SpecError(error.path, error.problem) from None
 
 
 def _unique_names(value: Any) -> bool:
@@ -164,105 +126,69 @@ def _count_or_hosts(value: Any) -> bool:
     return value >= 1 if isinstance(value, int) else _unique_names(value)
 
 
-def _fusion(value: str) -> bool:
-    return value in ("none", "horovod", "ddp") or (
-        re.fullmatch(r"[1-9][0-9]{0,9}", value) is not None and MIN_PIECE_BYTES <= int(value) <= MAX_PIECE_BYTES)
-
-
 # ---------------------------------------------------------------------------------------- schema
 
 @dataclass(frozen=True)
 class Topology:
-    kind: Literal["leafspine", "fattree"] = spec_field("leafspine")
-    spines: int = spec_field(2, "an integer >= 1", lambda n: n >= 1)
-    leaves: int = spec_field(2, "an integer >= 1", lambda n: n >= 1)
-    hosts_per_leaf: int = spec_field(2, "an integer >= 1", lambda n: n >= 1)
-    k: int = spec_field(4, "an even integer >= 2 (fattree only)", lambda n: n >= 2 and n % 2 == 0)
-    host_bw: float = spec_field(100.0, LINK_RATE, lambda x: MIN_RATE_MBIT <= x <= MAX_RATE_MBIT)
-    fabric_bw: float = spec_field(100.0, LINK_RATE, lambda x: MIN_RATE_MBIT <= x <= MAX_RATE_MBIT)
-    mtu: int = spec_field(DEFAULT_MTU, f"an integer {MIN_MTU}..{MAX_MTU} (bytes, every interface of the fabric)",
+    kind: Literal["leafspine", "fattree"] = knob("leafspine")
+    spines: int = knob(2, "an integer >= 1", lambda n: n >= 1)
+    leaves: int = knob(2, "an integer >= 1", lambda n: n >= 1)
+    hosts_per_leaf: int = knob(2, "an integer >= 1", lambda n: n >= 1)
+    k: int = knob(4, "an even integer >= 2 (fattree only)", lambda n: n >= 2 and n % 2 == 0)
+    host_bw: float = knob(100.0, LINK_RATE, lambda x: MIN_RATE_MBIT <= x <= MAX_RATE_MBIT)
+    fabric_bw: float = knob(100.0, LINK_RATE, lambda x: MIN_RATE_MBIT <= x <= MAX_RATE_MBIT)
+    mtu: int = knob(DEFAULT_MTU, f"an integer {MIN_MTU}..{MAX_MTU} (bytes, every interface of the fabric)",
                           lambda n: MIN_MTU <= n <= MAX_MTU)
-    tcp_cc: str = spec_field(DEFAULT_TCP_CC, "a TCP congestion control this kernel offers ("
+    tcp_cc: str = knob(DEFAULT_TCP_CC, "a TCP congestion control this kernel offers ("
                              + ", ".join(available_tcp_cc()) + "), set in every host",
                              lambda name: name in available_tcp_cc())
 
 
 @dataclass(frozen=True)
 class Controller:
-    lb: LoadBalancing = spec_field("ecmp")
-    sched: Scheduling = spec_field("fifo")
-    stats_interval_s: float = spec_field(
+    lb: str = knob("ecmp", choices=lambda: LB_MODES)
+    sched: str = knob("fifo", choices=lambda: list(CLASS_POLICIES))
+    stats_interval_s: float = knob(
         1.0, "a period in seconds, 0.1..60: a run waits up to two periods for its last port statistics",
         lambda x: 0.1 <= x <= 60)
 
 
-@dataclass(frozen=True)
-class Model:
-    name: ModelName = spec_field("mlp")
-    width: int = spec_field(64, "an integer 1..1024 (mlp only)", lambda n: 1 <= n <= 1024)
-    depth: int = spec_field(2, "an integer 1..8 (mlp only)", lambda n: 1 <= n <= 8)
-    scale: float = spec_field(0.01, "a fraction of the profile's tensor sizes in (0, 1]",
-                              lambda x: 0 < x <= 1)
-
-
-@dataclass(frozen=True)
-class Job:
-    mode: Literal["allreduce", "ps"] = spec_field("allreduce")
-    model: Model = section(Model)
-    workers: Literal["all"] | int | list[str] = spec_field(
+@dataclass(frozen=True, kw_only=True)
+class Job(Training):
+    """The training job: the host apps' knobs, where it runs, and the accuracy it aims for."""
+    workers: Literal["all"] | int | list[str] = knob(
         "all", "'all' hosts but the servers, a count >= 1 or a list of distinct host names",
         lambda v: v == "all" or _count_or_hosts(v))
-    servers: int | list[str] = spec_field(
-        1, "a count >= 1 or a list of distinct host names (ps only)", _count_or_hosts)
-    iterations: int = spec_field(40, "an integer 2..10000", lambda n: 2 <= n <= 10_000)
-    batch: int = spec_field(48, "an integer 1..4096 (global batch, split evenly over the workers)",
-                            lambda n: 1 <= n <= 4096)
-    lr: float = spec_field(0.05, "a finite learning rate > 0", lambda x: 0 < x < math.inf)
-    seed: int = spec_field(0, f"an integer 0..{MAX_SEED}: seeds grow by one per repetition up to "
-                           "scikit-learn's 2**32 - 1", lambda n: 0 <= n <= MAX_SEED)
-    transport: Transport = spec_field("tcp")
-    loss_bound: float = spec_field(0.0, "a fraction in [0, 1) (transport mlt)", lambda x: 0 <= x < 1)
-    drop_marking: bool = spec_field(False, "true or false (transport mlt with loss_bound > 0)")
-    policy: SendOrder = spec_field("ready")
-    fusion: str = spec_field("none", f"none, horovod, ddp or a bucket size in bytes as a string, {PIECE_BYTES} "
-                             "(allreduce)", _fusion)
-    partition_bytes: int = spec_field(
-        65536, f"a byte count {PIECE_BYTES} (allreduce: caramel's first bucket and pipeline segment, "
-        "bytescheduler's partition)", lambda n: MIN_PIECE_BYTES <= n <= MAX_PIECE_BYTES)
-    ps_slice_bytes: int = spec_field(
-        0, f"0 or a multiple of 4 in {PIECE_BYTES} (ps: each layer pushed and pulled in slices of at most this "
-        "size, as P3; 0: whole layers; allreduce runs ignore it)",
-        lambda n: n == 0 or (MIN_PIECE_BYTES <= n <= MAX_PIECE_BYTES and n % 4 == 0))
-    eval_every: int = spec_field(10, "an integer >= 0 (iterations; 0: only at the end)", lambda n: n >= 0)
-    target_accuracy: float = spec_field(0.9, "a fraction in (0, 1]", lambda x: 0 < x <= 1)
+    servers: int | list[str] = knob(1, "a count >= 1 or a list of distinct host names (ps only)", _count_or_hosts)
+    target_accuracy: float = knob(0.9, "a fraction in (0, 1]", lambda x: 0 < x <= 1)
 
 
 @dataclass(frozen=True)
 class Flow:
     """An iperf3 background flow; several sources make an incast into dst."""
-    src: str | list[str] = spec_field(
+    src: str | list[str] = knob(
         allowed=f"a host name or a list of at most {FLOW_PORTS} distinct host names (incast)",
         check=lambda v: isinstance(v, str) or (_unique_names(v) and len(v) <= FLOW_PORTS))
-    dst: str = spec_field(allowed="a host name")
-    proto: Literal["tcp", "udp"] = spec_field("tcp")
-    rate_mbps: float = spec_field(
+    dst: str = knob(allowed="a host name")
+    proto: Literal["tcp", "udp"] = knob("tcp")
+    rate_mbps: float = knob(
         0.0, f"0: as fast as it goes, or a rate in Mbit/s 0.001..{MAX_RATE_MBIT}; iperf3 counts whole bits per second",
         lambda x: x == 0 or 0.001 <= x <= MAX_RATE_MBIT)
-    start_s: float = spec_field(0.0, AT_SECONDS, lambda x: 0 <= x <= MAX_SECONDS)
-    duration_s: float = spec_field(10.0, DURATION_SECONDS, lambda x: 0 < x <= MAX_SECONDS)
+    start_s: float = knob(0.0, AT_SECONDS, lambda x: 0 <= x <= MAX_SECONDS)
+    duration_s: float = knob(10.0, DURATION_SECONDS, lambda x: 0 < x <= MAX_SECONDS)
 
 
 @dataclass(frozen=True)
 class Fault:
     """A link fault: down, random loss (nftables) or a rate cut, for duration_s from at_s."""
-    kind: Literal["link_down", "loss", "rate"] = spec_field()
-    link: str = spec_field(allowed="a link of the topology written a-b, e.g. h1-leaf1")
-    at_s: float = spec_field(allowed=AT_SECONDS, check=lambda x: 0 <= x <= MAX_SECONDS)
-    duration_s: float = spec_field(allowed=DURATION_SECONDS, check=lambda x: 0 < x <= MAX_SECONDS)
-    loss_percent: float | None = spec_field(
+    kind: Literal["link_down", "loss", "rate"] = knob()
+    link: str = knob(allowed="a link of the topology written a-b, e.g. h1-leaf1")
+    at_s: float = knob(allowed=AT_SECONDS, check=lambda x: 0 <= x <= MAX_SECONDS)
+    duration_s: float = knob(allowed=DURATION_SECONDS, check=lambda x: 0 < x <= MAX_SECONDS)
+    loss_percent: float | None = knob(
         None, "a percentage 0.01..100, nftables drops in 1/10000ths; only with kind loss",
         lambda x: x is None or 0.01 <= x <= 100)
-    rate_mbps: float | None = spec_field(None, f"only with kind rate: {LINK_RATE}",
+    rate_mbps: float | None = knob(None, f"only with kind rate: {LINK_RATE}",
                                          lambda x: x is None or MIN_RATE_MBIT <= x <= MAX_RATE_MBIT)
 
 
@@ -272,10 +198,10 @@ class RunConfig:
     topology: Topology = section(Topology)
     controller: Controller = section(Controller)
     job: Job = section(Job)
-    background: list[Flow] = spec_field(
+    background: list[Flow] = knob(
         [], f"a list of at most {MAX_FLOWS} flows: their iperf3 ports stay below the job's",
         lambda flows: len(flows) <= MAX_FLOWS)
-    faults: list[Fault] = spec_field([], "a list of faults")
+    faults: list[Fault] = knob([], "a list of faults")
 
     @property
     def hosts(self) -> list[str]:
@@ -302,118 +228,32 @@ class RunConfig:
 @dataclass(frozen=True)
 class Header:
     """The top-level fields that are about the experiment rather than each run."""
-    name: str = spec_field("experiment", "a name of letters, digits and _.+-",
+    name: str = knob("experiment", "a name of letters, digits and _.+-",
                            lambda v: LABEL_PATTERN.fullmatch(v) is not None)
-    description: str = spec_field("", "text")
-    repetitions: int = spec_field(1, f"an integer 1..{MAX_REPETITIONS}", lambda n: 1 <= n <= MAX_REPETITIONS)
-    matrix: dict = spec_field({}, "a mapping of axis names to axes")
+    description: str = knob("", "text")
+    repetitions: int = knob(1, f"an integer 1..{MAX_REPETITIONS}", lambda n: 1 <= n <= MAX_REPETITIONS)
+    matrix: dict = knob({}, "a mapping of axis names to axes")
 
 
 _HEADER_KEYS = tuple(f.name for f in dataclasses.fields(Header))
 _CONFIG_KEYS = tuple(f.name for f in dataclasses.fields(RunConfig))
 
 
-# ------------------------------------------------------------------------------ parsing by type
-
-def _may_be(annotation: Any, raw: Any) -> bool:
-    """Whether raw is of a YAML type the annotated one takes (a union's member, a list's items and a
-    literal's choices may still refuse it)."""
-    origin = get_origin(annotation)
-    if origin in (Union, UnionType):
-        return any(_may_be(member, raw) for member in get_args(annotation))
-    if dataclasses.is_dataclass(annotation):
-        return raw is None or isinstance(raw, dict)
-    if origin is list:
-        return isinstance(raw, list)
-    if origin is Literal:
-        return not isinstance(raw, bool) and raw in get_args(annotation)
-    if annotation is NoneType:
-        return raw is None
-    if annotation is bool:
-        return isinstance(raw, bool)
-    return isinstance(raw, (int, float) if annotation is float else annotation) and not isinstance(raw, bool)
-
-
-def _parse(annotation: Any, raw: Any, path: str, allowed: str) -> Any:
-    """raw converted to the annotated type, or SpecError. Checks are the caller's."""
-    origin = get_origin(annotation)
-    if origin in (Union, UnionType):
-        for member in get_args(annotation):
-            if _may_be(member, raw):  # trying the others would only format errors to drop
-                try:
-                    return _parse(member, raw, path, allowed)
-                except SpecError:
-                    continue
-        raise not_allowed(path, raw, allowed)
-    if dataclasses.is_dataclass(annotation):
-        return build(annotation, raw, path)
-    if not _may_be(annotation, raw):
-        raise not_allowed(path, raw, allowed)
-    if origin is list:
-        (item,) = get_args(annotation)
-        return [_parse(item, value, f"{path}.{index}", allowed) for index, value in enumerate(raw)]
-    if annotation is float:
-        try:
-            return float(raw)
-        except OverflowError:  # an integer beyond any float
-            raise not_allowed(path, raw, allowed) from None
-    return raw
-
-
-def _unknown_key(path: str, key: Any, known: list[str]) -> SpecError:
-    close = difflib.get_close_matches(str(key), known, n=1)
-    hint = f"did you mean {close[0]}?" if close else f"allowed: {', '.join(known)}"
-    return SpecError(_join(path, str(key)), f"unknown field ({hint})")
-
-
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
-
-
-@functools.cache
-def _type_hints(cls: type) -> dict[str, Any]:
-    return get_type_hints(cls)
-
-
-def build(cls: type, raw: Any, path: str = "", also_known: tuple[str, ...] = (), base: Any = None) -> Any:
-    """An instance of schema dataclass cls from the raw YAML mapping (None = all defaults).
-
-    also_known: keys the caller handles itself, only to suggest them for typos.
-    base: an instance of cls whose values the fields raw leaves out keep, instead of their defaults.
-    """
-    known = [f.name for f in dataclasses.fields(cls)]
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise not_allowed(path or "spec", raw, f"a mapping with keys {', '.join(known)}")
-    for key in raw:
-        if key not in known:
-            raise _unknown_key(path, key, known + list(also_known))
-    hints = _type_hints(cls)
-    values = {}
-    for declared in dataclasses.fields(cls):
-        field_path = _join(path, declared.name)
-        choices = get_args(hints[declared.name]) if get_origin(hints[declared.name]) is Literal else ()
-        allowed = declared.metadata.get("allowed") or f"one of {', '.join(choices)}"
-        if declared.name not in raw:
-            required = declared.default is dataclasses.MISSING and declared.default_factory is dataclasses.MISSING
-            if required and base is None:
-                raise SpecError(field_path, f"missing ({allowed})")
-            continue
-        value = _parse(hints[declared.name], raw[declared.name], field_path, allowed)
-        if not declared.metadata.get("check", bool)(value):
-            raise not_allowed(field_path, raw[declared.name], allowed)
-        values[declared.name] = value
-    return cls(**values) if base is None else dataclasses.replace(base, **values)
-
-
 # ------------------------------------------------------------------------- topology node names
 
+def layout_of(topology: Topology) -> Layout:
+    """The fabric's nodes and links (topologies/layout.py), once check_topology passed."""
+    if topology.kind == "fattree":
+        return fat_tree(topology.k)
+    return leaf_spine(topology.spines, topology.leaves, topology.hosts_per_leaf)
+
+
 def host_names(topology: Topology) -> list[str]:
-    return [f"h{i}" for i in range(1, _host_count(topology) + 1)]
+    return [node.name for node in layout_of(topology).hosts]
 
 
 def _host_count(topology: Topology) -> int:
+    """Counted, not listed: check_topology caps sizes before anything is built."""
     if topology.kind == "fattree":
         return topology.k ** 3 // 4
     return topology.leaves * topology.hosts_per_leaf
@@ -421,26 +261,7 @@ def _host_count(topology: Topology) -> int:
 
 def topology_links(topology: Topology) -> set[frozenset[str]]:
     """Every link of the fabric as the unordered pair of its end nodes' names."""
-    links = set()
-    if topology.kind == "leafspine":
-        for leaf in range(topology.leaves):
-            for spine in range(topology.spines):
-                links.add(frozenset({f"leaf{leaf + 1}", f"spine{spine + 1}"}))
-            for slot in range(topology.hosts_per_leaf):
-                links.add(frozenset({f"h{leaf * topology.hosts_per_leaf + slot + 1}", f"leaf{leaf + 1}"}))
-        return links
-    half = topology.k // 2
-    for pod in range(topology.k):
-        for edge_slot in range(half):
-            edge = pod * half + edge_slot
-            for slot in range(half):
-                links.add(frozenset({f"h{edge * half + slot + 1}", f"edge{edge + 1}"}))
-            for agg_slot in range(half):
-                links.add(frozenset({f"edge{edge + 1}", f"agg{pod * half + agg_slot + 1}"}))
-        for agg_slot in range(half):
-            for core_slot in range(half):
-                links.add(frozenset({f"agg{pod * half + agg_slot + 1}", f"core{agg_slot * half + core_slot + 1}"}))
-    return links
+    return {link.names for link in layout_of(topology).links}
 
 
 def _tiers(topology: Topology) -> list[tuple[str, int, int, str, str]]:
@@ -513,17 +334,11 @@ def check_config(config: RunConfig) -> None:
     if job.batch % workers:
         raise not_allowed("job.batch", job.batch, f"a multiple of the {workers} workers, the global batch "
                           "splits evenly over them")
-    if job.loss_bound > 0 and job.transport != "mlt":
-        raise not_allowed("job.loss_bound", job.loss_bound, "0 with transport tcp (a loss bound "
-                          "needs the loss-tolerant transport: job.transport: mlt)")
-    if job.drop_marking and job.loss_bound == 0:
-        raise not_allowed("job.drop_marking", True, "false unless job.loss_bound > 0 with transport mlt")
+    if job.iterations < 2:
+        raise not_allowed("job.iterations", job.iterations, "at least 2: the first iteration is start-up, the "
+                          "metrics need one more")
+    check_training(job, lambda name: f"job.{name}", SpecError)
     check_loss_bound_granularity(config)
-    wrong_mode = PS_SEND_ORDERS if job.mode == "allreduce" else ALLREDUCE_SEND_ORDERS
-    if job.policy in wrong_mode:
-        right = ALLREDUCE_SEND_ORDERS if job.mode == "allreduce" else PS_SEND_ORDERS
-        raise not_allowed("job.policy", job.policy, f"ready, best or {', '.join(right)} in "
-                          f"{job.mode} mode")
     topology = config.topology
     if topology.kind == "fattree" and topology.fabric_bw != topology.host_bw:
         raise not_allowed("topology.fabric_bw", topology.fabric_bw,
@@ -563,7 +378,7 @@ def check_loss_bound_granularity(config: RunConfig) -> None:
     sized = []
     if job.mode == "ps" and job.ps_slice_bytes:
         sized.append("ps_slice_bytes")
-    if job.mode == "allreduce" and job.policy in ("best", *ALLREDUCE_SEND_ORDERS):
+    if job.mode == "allreduce" and job.order in ("caramel", "bytescheduler"):
         sized.append("partition_bytes")
     for name in sized:
         if getattr(job, name) < least:
@@ -757,6 +572,11 @@ class Axis:
     baseline: str | None = None
 
 
+def _unknown(path: str, key: Any, known: list[str]) -> tuple[str, str]:
+    error = schema.unknown_key(path, key, known)
+    return error.path, error.problem
+
+
 def _parse_axis(name: Any, raw: Any) -> Axis:
     path = f"matrix.{name}"
     if not isinstance(name, str) or not AXIS_NAME_PATTERN.fullmatch(name):
@@ -766,7 +586,7 @@ def _parse_axis(name: Any, raw: Any) -> Axis:
         raise not_allowed(path, raw, "a mapping with values and optionally field and baseline")
     for key in raw:
         if key not in known:
-            raise _unknown_key(path, key, known)
+            raise SpecError(*_unknown(path, key, known))
     raw_values = raw.get("values")
     if isinstance(raw_values, list) and raw_values:
         field_name = raw.get("field")
@@ -926,6 +746,11 @@ def parse_spec(document: Any, sets: list[str] = ()) -> Spec:
     # so slow drift of the host affects every scheme alike. Seeds differ per repetition
     # and are equal across schemes, making repetitions paired comparisons.
     runs = []
+    for point, config in resolved:
+        if config.job.seed + header.repetitions - 1 > U32:
+            raise not_allowed("job.seed", config.job.seed, f"at most {U32 + 1 - header.repetitions} with "
+                              f"{header.repetitions} repetitions: seeds grow by one per repetition up to "
+                              "scikit-learn's 2**32 - 1")
     for rep in range(1, header.repetitions + 1):
         for point, config in resolved:
             job = dataclasses.replace(config.job, seed=config.job.seed + rep - 1)

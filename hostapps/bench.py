@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from hostapps.collectives import PS_PULL, PS_PUSH, ring_allreduce, ring_neighbours
-from hostapps.config import RunConfig
+from hostapps.config import Model, ProcessConfig
 from hostapps.model import FlatModel
 from hostapps.records import Recorder, comm_busy_s
 from hostapps.server import ParameterShard, run_server
@@ -34,7 +34,7 @@ def _bench_model(nbytes: int) -> FlatModel:
     return FlatModel([SimpleNamespace(name="t%d" % i, size=size) for i in range(PS_TENSORS)])
 
 
-def _measure(cfg: RunConfig, rounds: int, one_round) -> dict:
+def _measure(cfg: ProcessConfig, rounds: int, one_round) -> dict:
     """Run one warm-up round then `rounds` timed ones; wall and CPU seconds, payload bytes moved."""
     recorder = Recorder(0, cfg.role, cfg.rank)
     transport = connect_transport(cfg, recorder)
@@ -48,7 +48,7 @@ def _measure(cfg: RunConfig, rounds: int, one_round) -> dict:
     return dict(wall=wall, cpu=cpu, bytes=sum(m[3] for m in recorder.messages))
 
 
-def _allreduce_process(cfg: RunConfig, nbytes: int, rounds: int, results) -> None:
+def _allreduce_process(cfg: ProcessConfig, nbytes: int, rounds: int, results) -> None:
     left, right = ring_neighbours(cfg.rank, cfg.world)
 
     def one_round(transport, state, r):
@@ -58,7 +58,7 @@ def _allreduce_process(cfg: RunConfig, nbytes: int, rounds: int, results) -> Non
     results.put(_measure(cfg, rounds, one_round))
 
 
-def _ps_process(cfg: RunConfig, nbytes: int, rounds: int, results) -> None:
+def _ps_process(cfg: ProcessConfig, nbytes: int, rounds: int, results) -> None:
     model = _bench_model(nbytes)
     server = Peer("server", 0)
 
@@ -98,7 +98,7 @@ def _throughput(found: list[dict], nbytes: int, rounds: int) -> dict:
 
 def bench_allreduce(nbytes: int, rounds: int) -> dict:
     addrs = free_loopback_addresses(PROCESSES)
-    found = _run_processes([(_allreduce_process, (RunConfig(role="worker", rank=r, workers=addrs, timeout=60),
+    found = _run_processes([(_allreduce_process, (ProcessConfig(role="worker", rank=r, workers=addrs, timeout=60),
                                                   nbytes, rounds)) for r in range(PROCESSES)])
     return _throughput(found, nbytes, rounds)
 
@@ -108,13 +108,13 @@ def bench_ps(nbytes: int, rounds: int) -> dict:
     workers, servers = addrs[:PROCESSES - 1], addrs[PROCESSES - 1:]
 
     def cfg(role, rank):
-        return RunConfig(role=role, rank=rank, workers=workers, servers=servers, mode="ps", lr=1e-3, timeout=60)
+        return ProcessConfig(role=role, rank=rank, workers=workers, servers=servers, mode="ps", lr=1e-3, timeout=60)
     found = _run_processes([(_ps_process, (cfg("worker", r), nbytes, rounds)) for r in range(len(workers))]
                            + [(_ps_process, (cfg("server", 0), nbytes, rounds))])
     return _throughput(found, nbytes, rounds)
 
 
-def _overlap_process(cfg: RunConfig, results) -> None:
+def _overlap_process(cfg: ProcessConfig, results) -> None:
     if cfg.role == "server":
         run_server(cfg)
         return
@@ -126,16 +126,16 @@ def _overlap_process(cfg: RunConfig, results) -> None:
                      iteration_s=sum(r["end_s"] - r["start_s"] for r in rows) / len(rows)))
 
 
-def bench_overlap(iterations: int, mode: str = "allreduce", policy: str = "ready", **options) -> dict:
+def bench_overlap(iterations: int, mode: str = "allreduce", send_order: str = "ready", **options) -> dict:
     """Fraction of communication hidden behind compute: 1 - exposed wait / communication busy time."""
     addrs = free_loopback_addresses(PROCESSES)
     servers = addrs[PROCESSES - 1:] if mode == "ps" else []
     workers = addrs[:PROCESSES - len(servers)]
 
     def cfg(role, rank):
-        return RunConfig(role=role, rank=rank, workers=workers, servers=servers, mode=mode, policy=policy,
-                         profile="resnet50", scale=0.01, iterations=iterations, batch=60, eval_every=0,
-                         timeout=60, **options)
+        return ProcessConfig(role=role, rank=rank, workers=workers, servers=servers, mode=mode,
+                             send_order=send_order, model=Model("resnet50", scale=0.01), iterations=iterations,
+                             batch=60, eval_every=0, timeout=60, **options)
     found = _run_processes([(_overlap_process, (cfg("worker", r),)) for r in range(len(workers))]
                            + [(_overlap_process, (cfg("server", s),)) for s in range(len(servers))],
                            expected=len(workers))
@@ -151,23 +151,23 @@ def main() -> None:
     parser.add_argument("--link-mbps", type=float, default=100.0,
                         help="emulated link rate: profile compute scaling, and mlt's send pacing")
     parser.add_argument("--transport", default="tcp", help="tcp, or mlt (paces sends at --link-mbps)")
-    parser.add_argument("--policies-only", action="store_true", help="skip the throughput table")
+    parser.add_argument("--orders-only", action="store_true", help="skip the throughput table")
     args = parser.parse_args()
     print("host apps on loopback, %d processes" % PROCESSES)
     print("%-34s %10s %12s %10s" % ("collective", "ms/round", "tensor MB/s", "CPU s/MB"))
-    for mb in () if args.policies_only else (1, 4, 16):
+    for mb in () if args.orders_only else (1, 4, 16):
         for name, bench in (("ring all-reduce, 4 workers", bench_allreduce), ("PS, 3 workers + 1 server", bench_ps)):
             r = bench(mb * 1000 * 1000, args.rounds)
             print("%-34s %10.1f %12.1f %10.5f" % ("%s, %2d MB" % (name, mb), r["seconds"] * 1e3, r["mb_per_s"],
                                                   r["cpu_s_per_mb"]))
     print("ResNet-50 profile, scale 0.01, %s at %g Mbit/s: overlap = share of communication hidden behind compute"
           % (args.transport, args.link_mbps))
-    print("%-34s %12s %10s %10s %10s" % ("mode, policy", "iteration ms", "comm ms", "wait ms", "overlap"))
-    for mode, policies in (("allreduce", ("ready", "caramel", "bytescheduler")), ("ps", ("ready", "priority", "tic", "tac"))):
-        for policy in policies:
-            r = bench_overlap(args.iterations, mode, policy, link_mbps=args.link_mbps, transport=args.transport)
+    print("%-34s %12s %10s %10s %10s" % ("mode, send order", "iteration ms", "comm ms", "wait ms", "overlap"))
+    for mode, orders in (("allreduce", ("ready", "caramel", "bytescheduler")), ("ps", ("ready", "priority", "tic", "tac"))):
+        for order in orders:
+            r = bench_overlap(args.iterations, mode, order, link_mbps=args.link_mbps, transport=args.transport)
             print("%-34s %12.1f %10.1f %10.1f %9.0f%%" % (
-                "%s, %s" % ("4-worker all-reduce" if mode == "allreduce" else "3 workers + PS", policy),
+                "%s, %s" % ("4-worker all-reduce" if mode == "allreduce" else "3 workers + PS", order),
                 r["iteration_s"] * 1e3, r["comm_s"] * 1e3, r["wait_s"] * 1e3, 100 * r["hidden"]))
     print("link budget: at 100 Mbit/s a host moves <= 25 MB/s sent+received, i.e. needs < 0.04 CPU s/MB")
 

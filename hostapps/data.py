@@ -9,8 +9,6 @@ see the same data.
 from typing import NamedTuple
 
 import numpy as np
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 
 IMAGE_SIDE = 8
 CLASSES = 10
@@ -25,6 +23,10 @@ class Split(NamedTuple):
 
 def load_split(seed: int, test_fraction: float = 0.25) -> Split:
     """Stratified train/test split of the 1797 digit images."""
+    # scikit-learn takes a second to import: only the workers that train on the digits need it.
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
     digits = load_digits()
     x = (digits.data / 16.0).astype(np.float32)
     x_train, x_test, y_train, y_test = train_test_split(

@@ -3,7 +3,7 @@
 Synchronous: iteration t of a tensor completes when every worker has pushed
 its gradient.  Gradients are taken in arrival order (wait_any), and each
 tensor is queued for return to every worker as soon as it is updated; one
-send thread per worker picks the order with the --policy.  With
+send thread per worker picks the order with the --send-order.  With
 --ps-slice-bytes the unit is a slice of a tensor instead (P3's parameter
 slicing): it is averaged, stepped and returned on its own, so the return of
 early slices overlaps the push of later ones on the full-duplex link.
@@ -14,9 +14,10 @@ import numpy as np
 
 from hostapps import timing
 from hostapps.collectives import PS_PULL, PS_PUSH, assign_shards, float_parts, ps_key
-from hostapps.config import RunConfig, build_model
+from hostapps.config import ProcessConfig, build_model
 from hostapps.model import FlatModel, Sgd
-from hostapps.policies import SendLoop, Unit, make_policy, time_oracle
+from hostapps.send_orders import Unit, make_send_order, time_oracle
+from hostapps.sendloop import SendLoop
 from hostapps.records import Recorder
 from hostapps.transport import Peer, Transport, TransportError
 from hostapps.worker import connect_transport, largest_message_bytes
@@ -25,7 +26,7 @@ from hostapps.worker import connect_transport, largest_message_bytes
 class ParameterShard:
     """The tensors one server owns, and the per-iteration aggregation over a transport."""
 
-    def __init__(self, cfg: RunConfig, transport: Transport, model: FlatModel, recorder: Recorder):
+    def __init__(self, cfg: ProcessConfig, transport: Transport, model: FlatModel, recorder: Recorder):
         self.cfg, self.transport, self.model, self.recorder = cfg, transport, model, recorder
         owners = assign_shards([layer.size for layer in model.layers], len(cfg.servers))
         self.tensors = [t for t, owner in enumerate(owners) if owner == cfg.rank]
@@ -36,8 +37,8 @@ class ParameterShard:
         self.scratch = np.empty(max(where.stop - where.start for parts in self.slices.values() for where in parts),
                                 dtype=np.float32)
         oracle = time_oracle(model, cfg.link_mbps)
-        # One queue per worker: when many tensors are updated at once, the policy orders each worker's returns.
-        self.senders = [SendLoop("send-%s" % (worker,), make_policy(cfg.policy, oracle), self._sender(worker),
+        # One queue per worker: when many tensors are updated at once, the send order orders each worker's returns.
+        self.senders = [SendLoop("send-%s" % (worker,), make_send_order(cfg.order, oracle), self._sender(worker),
                                  transport.abort) for worker in self.workers]
 
     def _sender(self, worker: Peer):
@@ -94,7 +95,7 @@ class ParameterShard:
         self._check()
 
 
-def run_server(cfg: RunConfig) -> dict:
+def run_server(cfg: ProcessConfig) -> dict:
     """Serve cfg.iterations synchronous iterations; write the --out files; return the summary."""
     wall_start = time.time()
     model = build_model(cfg)
@@ -113,7 +114,7 @@ def run_server(cfg: RunConfig) -> dict:
         transport.abort()
         raise
     transport.close()
-    summary = dict(job=cfg.job, role="server", rank=cfg.rank, mode=cfg.mode, model=cfg.profile or cfg.model,
+    summary = dict(job=cfg.job, role="server", rank=cfg.rank, mode=cfg.mode, model=cfg.model.name,
                    final_accuracy=None, iterations=cfg.iterations, param_count=int(model.params.size),
                    bytes_per_iteration=int(model.params.nbytes), shard_tensors=shard.tensors,
                    transport=transport.counters(), timing=timing.summary(),

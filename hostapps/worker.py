@@ -16,12 +16,13 @@ from hostapps import timing
 from hostapps.collectives import (PS_PULL, PS_PUSH, Segment, assign_shards, chunk_bounds, float_parts,
                                   make_buckets, max_segments, pipelined_ring_allreduce, ps_key, ring_min,
                                   ring_neighbours, ring_step_count, split_bytes)
-from hostapps.config import RunConfig, build_model
+from hostapps.config import ProcessConfig, build_model
 from hostapps.data import ShardedBatches, load_split
 from hostapps.files import atomic_open
 from hostapps.mlt import DEFAULT_MAX_MESSAGE_BYTES, MltOptions, MltTransport
 from hostapps.model import FlatModel, Network, Sgd
-from hostapps.policies import Agree, SendLoop, Unit, make_policy, time_oracle
+from hostapps.send_orders import Unit, make_send_order, time_oracle
+from hostapps.sendloop import Agree, SendLoop
 from hostapps.records import Recorder
 from hostapps.transport import MessageKey, Peer, TcpTransport, Transport
 
@@ -29,11 +30,11 @@ from hostapps.transport import MessageKey, Peer, TcpTransport, Transport
 class GradientSync:
     """What the compute thread asks of communication; one subclass per mode."""
 
-    def __init__(self, cfg: RunConfig, transport: Transport, model: FlatModel, recorder: Recorder):
+    def __init__(self, cfg: ProcessConfig, transport: Transport, model: FlatModel, recorder: Recorder):
         self.cfg, self.transport, self.model, self.recorder = cfg, transport, model, recorder
         self.wait_s = 0.0  # time the compute thread spent blocked on communication
-        self.policy = make_policy(cfg.policy, time_oracle(model, cfg.link_mbps))
-        self.loop = SendLoop("comm", self.policy, self.communicate, transport.abort, *self.batching())
+        self.order = make_send_order(cfg.order, time_oracle(model, cfg.link_mbps))
+        self.loop = SendLoop("comm", self.order, self.communicate, transport.abort, *self.batching())
 
     def check(self) -> None:
         if self.loop.error is not None:
@@ -72,14 +73,14 @@ class Piece(NamedTuple):
     where: slice
 
 
-def plan_pieces(model: FlatModel, cfg: RunConfig) -> list[Piece]:
+def plan_pieces(model: FlatModel, cfg: ProcessConfig) -> list[Piece]:
     """The all-reduce units, in backward order: partitions of each layer (bytescheduler), buckets
     doubling from --partition-bytes (caramel), or --fusion buckets."""
-    if cfg.policy == "bytescheduler":
+    if cfg.order == "bytescheduler":
         return [Piece((layer,), part) for layer in reversed(range(len(model.layers)))
                 for part in float_parts(model.layer_slice((layer,)), cfg.partition_bytes)]
     sizes = [int(model.layer_grads(i).nbytes) for i in range(len(model.layers))]
-    buckets = (make_buckets(sizes, cfg.partition_bytes, growth=2) if cfg.policy == "caramel"
+    buckets = (make_buckets(sizes, cfg.partition_bytes, growth=2) if cfg.order == "caramel"
                else make_buckets(sizes, cfg.fusion_bytes))
     return [Piece(layers, model.layer_slice(layers)) for layers in buckets]
 
@@ -87,7 +88,7 @@ def plan_pieces(model: FlatModel, cfg: RunConfig) -> list[Piece]:
 class AllReduceSync(GradientSync):
     """Ring all-reduce of each piece once all its layers' gradients exist, then a local SGD step."""
 
-    def __init__(self, cfg: RunConfig, transport: Transport, model: FlatModel, recorder: Recorder):
+    def __init__(self, cfg: ProcessConfig, transport: Transport, model: FlatModel, recorder: Recorder):
         self.pieces = plan_pieces(model, cfg)
         self.agreement_tensor = len(self.pieces)  # tensor id of bytescheduler's ready-count agreement
         self.agreement_iteration, self.agreements = -1, 0
@@ -106,8 +107,8 @@ class AllReduceSync(GradientSync):
         super().__init__(cfg, transport, model, recorder)
 
     def batching(self) -> tuple[Agree | None, int]:
-        # A policy that reorders must pick among units every rank has, or the ring deadlocks.
-        return (None, 0) if self.cfg.policy in ("ready", "caramel") else (self.agree, self.cfg.credit_bytes)
+        # A send order that reorders must pick among units every rank has, or the ring deadlocks.
+        return (None, 0) if self.cfg.order in ("ready", "caramel") else (self.agree, self.cfg.credit_bytes)
 
     def agree(self, first: Unit, arrivals: int) -> int:
         """How many units have arrived on every rank (backprop puts them in the same order everywhere)."""
@@ -133,7 +134,7 @@ class AllReduceSync(GradientSync):
         for unit in units:
             flat = self.model.grads[self.pieces[unit.tensor].where]
             parts = (min(split_bytes(unit.nbytes, self.cfg.partition_bytes), max_segments(world))
-                     if self.cfg.policy == "caramel" else 1)
+                     if self.cfg.order == "caramel" else 1)
             segments += [Segment(unit.tensor, k * ring_step_count(world), flat[lo:hi])
                          for k, (lo, hi) in enumerate(chunk_bounds(flat.size, parts))]
         names = self.tensor_names()
@@ -173,7 +174,7 @@ class PushPullSync(GradientSync):
     With --ps-slice-bytes each layer goes as slices (flat-buffer ranges cut identically by the server):
     the server returns a slice as soon as every worker pushed it, so pulls overlap later pushes."""
 
-    def __init__(self, cfg: RunConfig, transport: Transport, model: FlatModel, recorder: Recorder):
+    def __init__(self, cfg: ProcessConfig, transport: Transport, model: FlatModel, recorder: Recorder):
         super().__init__(cfg, transport, model, recorder)
         sizes = [layer.size for layer in model.layers]
         self.server_of = [Peer("server", s) for s in assign_shards(sizes, len(cfg.servers))]
@@ -207,7 +208,7 @@ class PushPullSync(GradientSync):
         return self.model.layer_tensor_names()
 
 
-def largest_message_bytes(cfg: RunConfig, model: FlatModel) -> int:
+def largest_message_bytes(cfg: ProcessConfig, model: FlatModel) -> int:
     """The largest message any process of the job sends: a piece in allreduce (its ring chunks and segments
     are smaller; bytescheduler's agreement is one int64), a layer in ps (its slices are no larger)."""
     if cfg.mode == "allreduce":
@@ -215,7 +216,7 @@ def largest_message_bytes(cfg: RunConfig, model: FlatModel) -> int:
     return 4 * max(layer.size for layer in model.layers)
 
 
-def connect_transport(cfg: RunConfig, recorder: Recorder,
+def connect_transport(cfg: ProcessConfig, recorder: Recorder,
                       max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> TcpTransport | MltTransport:
     """Open this process's connections: ring neighbours in allreduce; every worker-server pair in ps.
     max_message_bytes: the largest message of the job (mlt drops datagrams declaring more)."""
@@ -250,7 +251,7 @@ def write_model(path: str, model: FlatModel) -> None:
         np.savez(file, **{layer.name: model.layer_params(i) for i, layer in enumerate(model.layers)})
 
 
-def run_worker(cfg: RunConfig, on_iteration: Callable[[int], None] | None = None) -> dict:
+def run_worker(cfg: ProcessConfig, on_iteration: Callable[[int], None] | None = None) -> dict:
     """Train for cfg.iterations; write the --out files; return the summary (and the model under 'model').
     on_iteration(done) is called after each iteration (the CLI reports progress with it)."""
     wall_start = time.time()
@@ -288,7 +289,7 @@ def run_worker(cfg: RunConfig, on_iteration: Callable[[int], None] | None = None
         # A comm-thread failure is the root cause of whatever the compute thread then saw.
         raise sync.loop.error or e
     transport.close()
-    summary = dict(job=cfg.job, role="worker", rank=cfg.rank, mode=cfg.mode, model=cfg.profile or cfg.model,
+    summary = dict(job=cfg.job, role="worker", rank=cfg.rank, mode=cfg.mode, model=cfg.model.name,
                    final_accuracy=accuracy, iterations=cfg.iterations, param_count=int(model.params.size),
                    bytes_per_iteration=int(model.params.nbytes), transport=transport.counters(),
                    timing=timing.summary(),

@@ -7,8 +7,8 @@ import pytest
 from experiments import fidelity
 from experiments.sampler import class_queue_stats, datapath_drops, drain_rows
 
-RATES = pd.DataFrame([("leaf1", 3, "spine1", 100.0, "fabric"), ("leaf1", 1, "h1", 100.0, "host")],
-                     columns=["switch", "port", "peer", "rate_mbps", "tier"])
+RATES = pd.DataFrame([("leaf1", 3, "spine1", 100.0, "fabric", "leaf"), ("leaf1", 1, "h1", 100.0, "host", "leaf")],
+                     columns=["switch", "port", "peer", "rate_mbps", "tier", "role"])
 SECONDS = 10
 
 

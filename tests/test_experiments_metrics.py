@@ -138,15 +138,16 @@ def test_uplink_imbalance_is_byte_weighted_mean_of_leaves_max_over_mean():
         ("spine1", "1", "fabric", 900), ("spine1", "2", "fabric", 0),       # downlinks
     ]
     links = pd.DataFrame(rows, columns=["switch", "port", "tier", "tx_bytes"])
+    links["role"] = links["switch"].str.rstrip("0123456789")
     assert metrics.uplink_imbalance(links) == pytest.approx((1.5 * 800 + 1.0 * 200) / 1000)
     assert math.isnan(metrics.uplink_imbalance(links.assign(tx_bytes=0)))
-    assert math.isnan(metrics.uplink_imbalance(links.assign(switch=links["switch"].str.replace("leaf", "edge"))))
+    assert math.isnan(metrics.uplink_imbalance(links.assign(role="edge"))), "a fat-tree has no leaves"
 
 
 PORT_RATES = pd.DataFrame([
-    ("leaf1", 3, "spine1", 100.0, "fabric"), ("leaf1", 4, "spine2", 100.0, "fabric"),
-    ("leaf1", 1, "h1", 50.0, "host"),
-], columns=["switch", "port", "peer", "rate_mbps", "tier"])
+    ("leaf1", 3, "spine1", 100.0, "fabric", "leaf"), ("leaf1", 4, "spine2", 100.0, "fabric", "leaf"),
+    ("leaf1", 1, "h1", 50.0, "host", "leaf"),
+], columns=["switch", "port", "peer", "rate_mbps", "tier", "role"])
 
 
 def _ports(rows):

@@ -93,9 +93,9 @@ def write_network_records(out: Path, run: Run, t0: float) -> None:
     run_path = results.run_dir(out, run.run_id)
     _write_csv(run_path / "ports.csv", ports)
     _write_csv(run_path / "port_rates.csv", [
-        {"switch": "leaf1", "port": 3, "peer": "spine1", "rate_mbps": 100, "tier": "fabric"},
-        {"switch": "leaf1", "port": 4, "peer": "spine2", "rate_mbps": 100, "tier": "fabric"},
-        {"switch": "leaf1", "port": 1, "peer": "h1", "rate_mbps": 100, "tier": "host"}])
+        {"switch": "leaf1", "port": 3, "peer": "spine1", "rate_mbps": 100, "tier": "fabric", "role": "leaf"},
+        {"switch": "leaf1", "port": 4, "peer": "spine2", "rate_mbps": 100, "tier": "fabric", "role": "leaf"},
+        {"switch": "leaf1", "port": 1, "peer": "h1", "rate_mbps": 100, "tier": "host", "role": "leaf"}])
     cpu = 0.95 if run.run_id == SATURATED_RUN else 0.5
     _write_csv(run_path / "cpu.csv", [{"time_s": t0 + s, "cpu_util": cpu, "vswitchd_thread_util": 0.3}
                                       for s in range(3)])

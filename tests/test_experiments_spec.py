@@ -7,7 +7,8 @@ import pytest
 import yaml
 from hypothesis import given, settings, strategies as st
 
-from experiments.spec import (Controller, Fault, Flow, Header, Job, Model, RunConfig, SpecError, Topology, load_spec,
+from hostapps.config import Model
+from experiments.spec import (Controller, Fault, Flow, Header, Job, RunConfig, SpecError, Topology, load_spec,
                               load_yaml, parse_spec, scheme_of, topology_links)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -15,7 +16,7 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures" / "experiments"
 
 SLICE_RULE = ("(0 or a multiple of 4 in 1024..1073741824, smaller pieces cost a message per 256 floats or fewer "
               "(ps: each layer pushed and pulled in slices of at most this size, as P3; 0: whole layers; allreduce "
-              "runs ignore it))")
+              "ignores it))")
 LINK_RATE = "(a rate in Mbit/s 0.8..100000, so that each class's floor, 1% of it, reaches tc's 8 kbit/s)"
 MALFORMED = [
     ("topology: {spines: -1}", "topology.spines: -1 is not allowed (an integer >= 1)"),
@@ -39,7 +40,7 @@ MALFORMED = [
     ("job: {mode: ps, transport: mlt, loss_bound: 0.05, ps_slice_bytes: 65536}",
      "job.ps_slice_bytes: 65536 is not allowed (at least 178160 bytes with loss_bound 0.05 at MTU 9000: "
      "20 datagrams of 8908 bytes, so the bound can spare one)"),
-    ("{topology: {mtu: 1500}, job: {transport: mlt, loss_bound: 0.01, policy: caramel}}",
+    ("{topology: {mtu: 1500}, job: {transport: mlt, loss_bound: 0.01, send_order: caramel}}",
      "job.partition_bytes: 65536 is not allowed (at least 140800 bytes with loss_bound 0.01 at MTU 1500: "
      "100 datagrams of 1408 bytes, so the bound can spare one)"),
     ("controller: {lb: sprey}", "controller.lb: 'sprey' is not allowed (one of ecmp, spray, single)"),
@@ -59,7 +60,8 @@ MALFORMED = [
     ("job: {mode: ps, servers: 4}", "job.servers: 4 is not allowed (fewer than the 4 hosts, workers need one)"),
     ("job: {mode: ps, workers: [h1, h2], servers: [h2]}",
      "job.workers: [h1, h2] is not allowed (hosts apart from the servers h2)"),
-    ("job: {iterations: 1}", "job.iterations: 1 is not allowed (an integer 2..10000)"),
+    ("job: {iterations: 1}", "job.iterations: 1 is not allowed (at least 2: the first iteration is start-up, the "
+                             "metrics need one more)"),
     ("job: {eval_every: -1}", "job.eval_every: -1 is not allowed (an integer >= 0 (iterations; 0: only at the end))"),
     ("job: {batch: 30}", "job.batch: 30 is not allowed (a multiple of the 4 workers, the global batch splits "
                          "evenly over them)"),
@@ -68,15 +70,15 @@ MALFORMED = [
     ("job: {loss_bound: 1.5}", "job.loss_bound: 1.5 is not allowed (a fraction in [0, 1) (transport mlt))"),
     ("job: {transport: quic}", "job.transport: 'quic' is not allowed (one of tcp, mlt)"),
     ("job: {loss_bound: 0.05}", "job.loss_bound: 0.05 is not allowed (0 with transport tcp (a loss bound "
-                                "needs the loss-tolerant transport: job.transport: mlt))"),
+                                "needs the loss-tolerant transport: job.transport mlt))"),
     ("job: {transport: mlt, drop_marking: true}",
      "job.drop_marking: true is not allowed (false unless job.loss_bound > 0 with transport mlt)"),
     ("job: {drop_marking: 1}", "job.drop_marking: 1 is not allowed (true or false (transport mlt with "
                                "loss_bound > 0))"),
-    ("job: {mode: allreduce, policy: tac}",
-     "job.policy: 'tac' is not allowed (ready, best or caramel, bytescheduler in allreduce mode)"),
-    ("job: {mode: ps, policy: caramel}",
-     "job.policy: 'caramel' is not allowed (ready, best or random, priority, tic, tac in ps mode)"),
+    ("job: {mode: allreduce, send_order: tac}",
+     "job.send_order: 'tac' is not allowed (ready, best or caramel, bytescheduler in allreduce mode)"),
+    ("job: {mode: ps, send_order: caramel}",
+     "job.send_order: 'caramel' is not allowed (ready, best or random, priority, tic, tac in ps mode)"),
     ("job: {target_accuracy: 0}", "job.target_accuracy: 0 is not allowed (a fraction in (0, 1])"),
     ("job: {mode: ps, ps_slice_bytes: -4}", "job.ps_slice_bytes: -4 is not allowed " + SLICE_RULE),
     ("job: {mode: ps, ps_slice_bytes: 4098}", "job.ps_slice_bytes: 4098 is not allowed " + SLICE_RULE),
@@ -180,14 +182,16 @@ RUN_TIME_FAILURES = [
     ("job: {partition_bytes: 4}", f"job.partition_bytes: 4 is not allowed (a byte count {PIECE_RULE} (allreduce: "
                                   "caramel's first bucket and pipeline segment, bytescheduler's partition))"),
     ("job: {mode: ps, ps_slice_bytes: 1020}", "job.ps_slice_bytes: 1020 is not allowed " + SLICE_RULE),
-    ("job: {iterations: 100000}", "job.iterations: 100000 is not allowed (an integer 2..10000)"),
+    ("job: {iterations: 100000}", "job.iterations: 100000 is not allowed (an integer 1..10000)"),
     ("job: {batch: 8192}", "job.batch: 8192 is not allowed (an integer 1..4096 (global batch, split evenly over "
                            "the workers))"),
-    ("job: {model: {width: 4096}}", "job.model.width: 4096 is not allowed (an integer 1..1024 (mlp only))"),
-    ("job: {model: {depth: 100}}", "job.model.depth: 100 is not allowed (an integer 1..8 (mlp only))"),
+    ("job: {model: {width: 4096}}", "job.model.width: 4096 is not allowed (an integer 1..1024 (mlp only: hidden units per layer))"),
+    ("job: {model: {depth: 100}}", "job.model.depth: 100 is not allowed (an integer 1..8 (mlp only: hidden layers))"),
     ("job: {lr: .inf}", "job.lr: .inf is not allowed (a finite learning rate > 0)"),
-    ("job: {seed: 4294967197}", "job.seed: 4294967197 is not allowed (an integer 0..4294967196: seeds grow by "
-                                "one per repetition up to scikit-learn's 2**32 - 1)"),
+    ("job: {seed: 4294967296}", "job.seed: 4294967296 is not allowed (an integer 0..4294967295)"),
+    ("{repetitions: 2, job: {seed: 4294967295}}", "job.seed: 4294967295 is not allowed (at most 4294967294 with 2 "
+                                                  "repetitions: seeds grow by one per repetition up to "
+                                                  "scikit-learn's 2**32 - 1)"),
     ("background: [{src: h1, dst: h2, rate_mbps: .inf}]", "background.0.rate_mbps: .inf is not allowed (0: as "
      "fast as it goes, or a rate in Mbit/s 0.001..100000; iperf3 counts whole bits per second)"),
     ("background: [{src: h1, dst: h2, rate_mbps: 1.0e-9}]", "background.0.rate_mbps: 1.0e-09 is not allowed (0: "

@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st, HealthCheck
 
 from hostapps import codec
 from hostapps.collectives import PS_PULL, PS_PUSH, ring_allreduce, ring_neighbours
-from hostapps.config import RunConfig, build_model
+from hostapps.config import Model, ProcessConfig, build_model
 from hostapps.records import Recorder
 from hostapps.server import ParameterShard
 from hostapps.transport import MessageKey, Peer, TcpTransport, TransportError
@@ -72,8 +72,8 @@ def test_ring_allreduce_is_the_mean(loopback_addresses, world, size, seed):
 def test_parameter_server_averages_and_steps(loopback_addresses):
     world, lr = 3, 0.5
     addresses = loopback_addresses(world + 1)
-    cfg = RunConfig(role="server", rank=0, workers=addresses[:world], servers=addresses[world:], mode="ps",
-                    width=16, depth=1, iterations=1, batch=3, lr=lr, timeout=5.0)
+    cfg = ProcessConfig(role="server", rank=0, workers=addresses[:world], servers=addresses[world:], mode="ps",
+                    model=Model(width=16, depth=1), iterations=1, batch=3, lr=lr, timeout=5.0)
     model = build_model(cfg)
     initial = model.params.copy()
     workers = [Peer("worker", r) for r in range(world)]

@@ -3,52 +3,71 @@ import pytest
 from hypothesis import given, strategies as st
 
 from hostapps.__main__ import main
-from hostapps.config import ConfigError, config_from_args, parse_addresses, parse_layer_dscp
+from hostapps.config import (ConfigError, build_parser, config_from_args, parse_addresses, parse_layer_dscp,
+                             process_arguments)
 
 BASE = ["worker", "--rank", "0", "--workers", "127.0.0.1:7101,127.0.0.1:7102"]
 PS = ["--mode", "ps", "--servers", "127.0.0.1:7103"]
 
 
+TIMEOUT = "seconds > 0, at most 86400: a peer silent this long is an error"
+LINK = "Mbit/s > 0, at most 1000000: the host's link (mlt pacing, profile timing)"
+SCALE = "a fraction of the profile's tensor sizes in (0, 1]"
+JOB = "an integer 0..4294967295, the frame header's job field"
+PIECES = "1024..1073741824, smaller pieces cost a message per 256 floats or fewer"
+FUSION = f"none, horovod, ddp or a bucket size in bytes as a string, {PIECES} (allreduce)"
+LAYER_DSCP = "is not TENSOR:DSCP with TENSOR 0..4294967295 and DSCP 0..63"
+
+
 @pytest.mark.parametrize("args, message", [
-    (["--timeout", "nan"], "--timeout: nan is not allowed (seconds > 0, finite)"),
-    (["--timeout", "inf"], "--timeout: inf is not allowed (seconds > 0, finite)"),
-    (["--timeout", "-1"], "--timeout: -1.0 is not allowed (seconds > 0, finite)"),
-    (["--timeout", "1e300"], "--timeout: 1e+300 is not allowed (seconds, at most 86400)"),
-    (["--lr", "nan"], "--lr: nan is not allowed (> 0, finite)"),
-    (["--lr", "inf"], "--lr: inf is not allowed (> 0, finite)"),
-    (["--scale", "nan"], "--scale: nan is not allowed (a fraction of the profile's tensor sizes in (0, 1])"),
-    (["--scale", "2"], "--scale: 2.0 is not allowed (a fraction of the profile's tensor sizes in (0, 1])"),
-    (["--link-mbps", "inf"], "--link-mbps: inf is not allowed (Mbit/s > 0, at most 1000000)"),
-    (["--link-mbps", "0"], "--link-mbps: 0.0 is not allowed (Mbit/s > 0, at most 1000000)"),
-    (["--quiet-ms", "nan"], "--quiet-ms: nan is not allowed (milliseconds > 0, at most --timeout)"),
-    (["--quiet-ms", "5000", "--timeout", "4"], "--quiet-ms: 5000.0 is not allowed (milliseconds > 0, at most "
+    (["--timeout", "nan"], f"--timeout: nan is not allowed ({TIMEOUT})"),
+    (["--timeout", "inf"], f"--timeout: inf is not allowed ({TIMEOUT})"),
+    (["--timeout", "-1"], f"--timeout: -1 is not allowed ({TIMEOUT})"),
+    (["--timeout", "1e300"], f"--timeout: 1e300 is not allowed ({TIMEOUT})"),
+    (["--lr", "nan"], "--lr: nan is not allowed (a finite learning rate > 0)"),
+    (["--lr", "inf"], "--lr: inf is not allowed (a finite learning rate > 0)"),
+    (["--scale", "nan"], f"--scale: nan is not allowed ({SCALE})"),
+    (["--scale", "2"], f"--scale: 2 is not allowed ({SCALE})"),
+    (["--link-mbps", "inf"], f"--link-mbps: inf is not allowed ({LINK})"),
+    (["--link-mbps", "0"], f"--link-mbps: 0 is not allowed ({LINK})"),
+    (["--quiet-ms", "nan"], "--quiet-ms: nan is not allowed (milliseconds > 0, at most --timeout (mlt: silence "
+                            "after which a message within the loss bound is complete))"),
+    (["--quiet-ms", "5000", "--timeout", "4"], "--quiet-ms: 5000 is not allowed (milliseconds > 0, at most "
                                                "--timeout)"),
     (["--momentum", "nan"], "--momentum: nan is not allowed (a fraction in [0, 1))"),
-    (["--loss-bound=-inf"], "--loss-bound: -inf is not allowed (a fraction in [0, 1))"),
-    (["--loss-bound", "1"], "--loss-bound: 1.0 is not allowed (a fraction in [0, 1))"),
-    (["--rank", "2²"], "--rank: invalid int value: '2²'"),
+    (["--loss-bound=-inf"], "--loss-bound: -inf is not allowed (a fraction in [0, 1) (transport mlt))"),
+    (["--loss-bound", "1"], "--loss-bound: 1 is not allowed (a fraction in [0, 1) (transport mlt))"),
+    (["--loss-bound", "0.1"], "--loss-bound: 0.1 is not allowed (0 with transport tcp (a loss bound needs the "
+                              "loss-tolerant transport: --transport mlt))"),
+    (["--rank", "2²"], "--rank: 2² is not allowed (this process's index in --workers or --servers)"),
     (["--rank", "2"], "--rank: 2 is out of range for 2 workers"),
-    (["--rank", "-1"], "--rank: -1 is out of range for 2 workers"),
-    (["--job", "-1"], "--job: -1 is not allowed (an integer 0..4294967295, the frame header's job field)"),
-    (["--job", "4294967296"], "--job: 4294967296 is not allowed (an integer 0..4294967295, the frame header's "
-                              "job field)"),
-    (["--job", "nan"], "--job: invalid int value: 'nan'"),
+    (["--rank", "-1"], "--rank: -1 is not allowed (this process's index in --workers or --servers)"),
+    (["--job", "-1"], f"--job: -1 is not allowed ({JOB})"),
+    (["--job", "4294967296"], f"--job: 4294967296 is not allowed ({JOB})"),
+    (["--job", "nan"], f"--job: nan is not allowed ({JOB})"),
     (["--seed", "-1"], "--seed: -1 is not allowed (an integer 0..4294967295)"),
     (["--seed", "4294967296"], "--seed: 4294967296 is not allowed (an integer 0..4294967295)"),
-    (["--eval-every", "-5"], "--eval-every: must be 0 (at the end only) or more, got -5"),
+    (["--eval-every", "-5"], "--eval-every: -5 is not allowed (an integer >= 0 (iterations; 0: only at the end))"),
     (["--workers", "127.0.0.1:7²"], "--workers: bad address '127.0.0.1:7²' (expected host:port, port 1..65535)"),
     (["--workers", "127.0.0.1:70000"], "--workers: bad address '127.0.0.1:70000' (expected host:port, port "
                                        "1..65535)"),
-    ([*PS[:2], "--servers", "127.0.0.1:0"], "--servers: bad address '127.0.0.1:0' (expected host:port, port "
-                                           "1..65535)"),
-    (["--mtu-payload", "65004"], "--mtu-payload: must be a multiple of 4 in 64..65000, got 65004"),
-    (["--sport-range", "0"], "--sport-range: must be 1..1024 source ports, got 0"),
-    (["--fusion", "2²"], "--fusion: '2²' is neither a byte count nor a preset (none, horovod, ddp)"),
-    (["--fusion", "٣"], "--fusion: '٣' is neither a byte count nor a preset (none, horovod, ddp)"),
-    (["--layer-dscp", "0:2²"], "--layer-dscp: '0:2²' is not TENSOR:DSCP with TENSOR 0..4294967295 and DSCP 0..63"),
-    (["--layer-dscp", "4294967296:8"], "--layer-dscp: '4294967296:8' is not TENSOR:DSCP with TENSOR 0..4294967295 "
-                                       "and DSCP 0..63"),
-    (["--iterations", "1.5"], "--iterations: invalid int value: '1.5'"),
+    (["--mode", "ps", "--servers", "127.0.0.1:0"], "--servers: bad address '127.0.0.1:0' (expected host:port, "
+                                                   "port 1..65535)"),
+    (["--mtu-payload", "65004"], "--mtu-payload: 65004 is not allowed (a multiple of 4 in 64..65000 (mlt: payload "
+                                 "bytes per datagram))"),
+    (["--sport-range", "0"], "--sport-range: 0 is not allowed (an integer 1..1024 (mlt: UDP source ports a "
+                             "sender sprays over))"),
+    (["--fusion", "2²"], f"--fusion: 2² is not allowed ({FUSION})"),
+    (["--fusion", "٣"], f"--fusion: ٣ is not allowed ({FUSION})"),
+    (["--fusion", "512"], f"--fusion: 512 is not allowed ({FUSION})"),
+    (["--layer-dscp", "0:2²"], f"--layer-dscp: '0:2²' {LAYER_DSCP}"),
+    (["--layer-dscp", "4294967296:8"], f"--layer-dscp: '4294967296:8' {LAYER_DSCP}"),
+    (["--iterations", "1.5"], "--iterations: 1.5 is not allowed (an integer 1..10000)"),
+    (["--model", "alexnet"], "--model: alexnet is not allowed (one of mlp, resnet50, vgg16, bert_base)"),
+    (["--send-order", "tac"], "--send-order: 'tac' is not allowed (ready, best or caramel, bytescheduler in "
+                              "allreduce mode)"),
+    (["--transport", "quic"], "--transport: quic is not allowed (one of tcp, mlt)"),
+    (["--drop-marking"], "--drop-marking: true is not allowed (false unless --loss-bound > 0 with transport mlt)"),
     (["--bogus", "1"], "unrecognized arguments: --bogus 1"),
 ])
 def test_a_bad_number_is_one_line_naming_its_flag(args, message, capsys):
@@ -63,6 +82,7 @@ def test_a_bad_number_is_one_line_naming_its_flag(args, message, capsys):
 def test_good_numbers_pass():
     cfg = config_from_args([*BASE, "--timeout", "86400", "--job", "4294967295", "--seed", "4294967295",
                             "--link-mbps", "1e6", "--quiet-ms", "0.5", "--loss-bound", "0.5", "--fusion", "1024",
+                            "--transport", "mlt",
                             "--layer-dscp", "4294967295:63", "--workers", "127.0.0.1:1,127.0.0.1:65535"])
     assert (cfg.job, cfg.seed, cfg.fusion_bytes, cfg.layer_dscp) == (2**32 - 1, 2**32 - 1, 1024, {2**32 - 1: 63})
     assert cfg.workers == [("127.0.0.1", 1), ("127.0.0.1", 65535)]
@@ -72,25 +92,40 @@ def test_layer_dscp_argument():
     assert parse_layer_dscp("") == {}
     assert parse_layer_dscp("0:48,1:40,7:16") == {0: 48, 1: 40, 7: 16}
     for bad in ("0:64", "a:1", "3", "1:-2"):
-        with pytest.raises(ConfigError, match="--layer-dscp"):
+        with pytest.raises(ValueError, match="is not TENSOR:DSCP"):
             parse_layer_dscp(bad)
 
 
 @given(st.text(st.characters(blacklist_characters=",:"), max_size=8))
-def test_any_port_text_is_an_address_or_one_config_error(port):
+def test_any_port_text_is_an_address_or_one_error(port):
     try:
-        addresses = parse_addresses("--workers", f"10.0.0.1:{port}")
-    except ConfigError as e:
-        assert str(e).startswith("--workers: bad address")
+        addresses = parse_addresses(f"10.0.0.1:{port}")
+    except ValueError as e:
+        assert str(e).startswith("bad address")
         return
     assert addresses == [("10.0.0.1", int(port))] and port.isascii() and 0 < int(port) < 65536
 
 
 @given(st.text(max_size=12))
-def test_any_layer_dscp_text_is_a_mapping_or_one_config_error(text):
+def test_any_layer_dscp_text_is_a_mapping_or_one_error(text):
     try:
         mapping = parse_layer_dscp(text)
-    except ConfigError as e:
-        assert str(e).startswith("--layer-dscp: ")
+    except ValueError as e:
+        assert "is not TENSOR:DSCP" in str(e)
         return
     assert all(0 <= tensor < 2**32 and 0 <= dscp < 64 for tensor, dscp in mapping.items())
+
+
+def test_the_runners_command_line_gives_back_the_config():
+    """A knob is written once: the command line the runner writes is read back into the same config."""
+    cfg = config_from_args([*BASE, *PS[:2], "--servers", "127.0.0.1:7103", "--model", "resnet50", "--scale",
+                            "0.5", "--lr", "0.125", "--transport", "mlt", "--loss-bound", "0.05", "--drop-marking",
+                            "--send-order", "best", "--layer-dscp", "0:48,3:40", "--out", "/tmp/x"])
+    assert config_from_args(["worker", *process_arguments(cfg)]) == cfg
+    assert cfg.order == "tac", "best at a parameter server"
+
+
+def test_every_knob_is_a_flag():
+    flags = {action.option_strings[0] for action in build_parser()._actions if action.option_strings}
+    assert {"--model", "--width", "--send-order", "--credit-bytes", "--layer-dscp", "--timeout"} <= flags
+    assert "--role" not in flags and "--policy" not in flags and "--profile" not in flags

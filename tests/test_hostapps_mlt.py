@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hostapps import codec, mlt, worker
-from hostapps.config import RunConfig, build_model
+from hostapps.config import Model, ProcessConfig, build_model
 from hostapps.mlt import (MltOptions, MltTransport, RateControl, Reassembly, fragments_to_resend,
                           least_important_fragments, missing_fragments)
 from hostapps.transport import MessageKey, Peer, TransportError
@@ -344,7 +344,7 @@ LOOPBACK = dict(transport="mlt", link_mbps=10000)  # loopback has no link rate: 
 
 def test_training_over_mlt_matches_tcp(loopback_addresses):
     # The largest job id the frame header holds: every transport carries and checks it.
-    options = dict(iterations=20, batch=32, eval_every=0, width=64, depth=2, momentum=0.5, job=2**32 - 1)
+    options = dict(iterations=20, batch=32, eval_every=0, model=Model(width=64, depth=2), momentum=0.5, job=2**32 - 1)
     for mode, shards, slicing in (("allreduce", 0, {}), ("ps", 2, {}), ("ps", 2, {"ps_slice_bytes": 4096})):
         tcp = run_job(loopback_addresses, 4, mode, shards, **options, **slicing)
         datagrams = run_job(loopback_addresses, 4, mode, shards, **options, **slicing, **LOOPBACK)
@@ -356,13 +356,13 @@ def test_training_over_mlt_matches_tcp(loopback_addresses):
 @pytest.mark.parametrize("changes, largest", [
     (dict(), 16640),                                           # fc1 and fc2: 64 x 64 + 64 floats
     (dict(fusion="ddp"), 4 * (4160 + 4160 + 650)),             # one bucket of every layer
-    (dict(policy="bytescheduler", partition_bytes=4096), 3328),  # fc1 in 5 partitions of at most 4096 bytes
+    (dict(send_order="bytescheduler", partition_bytes=4096), 3328),  # fc1 in 5 partitions of at most 4096 bytes
     (dict(mode="ps", servers=[("127.0.0.1", 3)]), 16640),      # a layer; its slices are smaller
-    (dict(profile="resnet50", scale=1e-9, policy="bytescheduler"), 8),  # 1-float layers: the agreement's int64
+    (dict(model=Model("resnet50", scale=1e-9), send_order="bytescheduler", partition_bytes=1024), 8),  # 1-float layers: the agreement's int64
 ])
 def test_the_largest_message_of_a_job_comes_from_its_model(changes, largest):
-    cfg = RunConfig(**{**dict(role="worker", rank=0, workers=[("127.0.0.1", 1), ("127.0.0.1", 2)], width=64,
-                              depth=2), **changes})
+    cfg = ProcessConfig(**{**dict(role="worker", rank=0, workers=[("127.0.0.1", 1), ("127.0.0.1", 2)],
+                                  model=Model(width=64, depth=2)), **changes})
     assert worker.largest_message_bytes(cfg, build_model(cfg)) == largest
 
 
@@ -377,8 +377,8 @@ def test_training_converges_with_random_loss_within_the_bound(loopback_addresses
         transports.append(MltTransport(*args, **kwargs, drop=lambda frame: rng.random() < 0.01))
         return transports[-1]
     monkeypatch.setattr(worker, "MltTransport", lossy_transport)
-    summaries = run_job(loopback_addresses, 2, "ps", 1, loss_bound=0.05, eval_every=0, ps_slice_bytes=ps_slice_bytes,
-                        **LOOPBACK)
+    summaries = run_job(loopback_addresses, 2, "ps", 1, model=Model(width=128), loss_bound=0.05, eval_every=0,
+                        ps_slice_bytes=ps_slice_bytes, **LOOPBACK)
     assert summaries[0]["final_accuracy"] >= 0.9
     assert sum(t.stats.datagrams_dropped for t in transports) > 0
     # NACKs only ask for messages below 95% delivered; everything else completes as it is.

@@ -4,8 +4,9 @@ import pytest
 
 from hostapps.collectives import (MAX_PS_SLICES, PS_PULL, PS_PUSH, Segment, float_parts, make_buckets,
                                   pipelined_ring_allreduce, ps_key, ring_neighbours, ring_step_count)
-from hostapps.config import ConfigError, RunConfig
-from hostapps.policies import PolicyQueue, TimeOracle, Unit, make_policy
+from hostapps.config import ConfigError, Model, ProcessConfig
+from hostapps.send_orders import TimeOracle, Unit, make_send_order
+from hostapps.sendloop import SendQueue
 from hostapps.transport import MessageKey, Peer
 from test_hostapps_collectives import connect_mesh, run_threads
 from test_hostapps_training import run_job
@@ -18,7 +19,7 @@ def layer_unit(layer: int, iteration: int = 0, nbytes: int = 100) -> Unit:
 
 
 def picked_order(policy_name: str, ready: list[Unit]) -> list[int]:
-    policy, left, order = make_policy(policy_name, NO_TIMES), list(ready), []
+    policy, left, order = make_send_order(policy_name, NO_TIMES), list(ready), []
     while left:
         order.append(left.pop(policy.pick(left, 0.0)).tensor)
     return order
@@ -48,7 +49,7 @@ def test_ps_slices_of_a_layer_and_their_keys():
 
 def test_front_layers_first_takes_a_layer_s_slices_in_order():
     ready = [Unit(0, 3, (3,), 100, part, 3) for part in (2, 0, 1)] + [Unit(0, 1, (1,), 100, 1, 2)]
-    policy, order = make_policy("priority", NO_TIMES), []
+    policy, order = make_send_order("priority", NO_TIMES), []
     while ready:
         unit = ready.pop(policy.pick(ready, 0.0))
         order.append((unit.tensor, unit.part))
@@ -56,7 +57,7 @@ def test_front_layers_first_takes_a_layer_s_slices_in_order():
 
 
 def test_bytescheduler_batch_stays_within_credit_and_the_agreed_arrivals():
-    queue = PolicyQueue(make_policy("bytescheduler", NO_TIMES))
+    queue = SendQueue(make_send_order("bytescheduler", NO_TIMES))
     for tensor, layer in enumerate([9, 9, 9, 1, 1, 0]):  # partitions of layers 9, 1 and 0, in ready order
         queue.put(Unit(0, tensor, (layer,), 100))
     # Only the first four arrivals are on every rank: layer 9's partitions and one of layer 1's.
@@ -74,7 +75,7 @@ def test_tac_lets_a_small_tensor_through_while_the_front_one_is_computed():
     of forward ops 0 and 1), so it sends 3 (fits before +5), then 1 (ready at +2, fits), waits, sends 0
     at +5 (5..7), then 2 (7..17): forward runs 7..47 ms, 6 ms less stall.
     """
-    tac = make_policy("tac", TimeOracle([0.010] * 4, [0.002, 0.001, 0.010, 0.001]))
+    tac = make_send_order("tac", TimeOracle([0.010] * 4, [0.002, 0.001, 0.010, 0.001]))
     for tensor, at in ((3, 0.0), (2, 0.001), (1, 0.002), (0, 0.005)):
         tac.became_ready(layer_unit(tensor, 0), 100.0 + at)
     t0 = 200.0
@@ -95,7 +96,7 @@ def test_tac_lets_a_small_tensor_through_while_the_front_one_is_computed():
 
 
 def test_tac_sends_the_front_tensor_when_deferring_it_would_stall_the_forward():
-    tac = make_policy("tac", TimeOracle([0.001] * 4, [0.002, 0.001, 0.010, 0.001]))  # forward cannot hide 2
+    tac = make_send_order("tac", TimeOracle([0.001] * 4, [0.002, 0.001, 0.010, 0.001]))  # forward cannot hide 2
     for tensor, at in ((3, 0.0), (2, 0.001), (1, 0.002), (0, 0.005)):
         tac.became_ready(layer_unit(tensor, 0), at)
     for tensor, at in ((3, 10.0), (2, 10.001)):
@@ -109,7 +110,7 @@ def test_tac_sends_a_slice_into_a_gap_its_whole_layer_would_overrun():
     due at +5 ms: whole, 2 does not fit and TAC waits; in 5 slices of 2 ms, its first slice fits."""
     oracle = TimeOracle([0.010] * 4, [0.002, 0.001, 0.010, 0.001])
     for parts in (1, 5):
-        tac = make_policy("tac", oracle)
+        tac = make_send_order("tac", oracle)
         for tensor, at in ((3, 0.0), (2, 0.001), (1, 0.002), (0, 0.005)):
             tac.became_ready(Unit(0, tensor, (tensor,), 100, 0, parts), 100.0 + at)
         t0 = 200.0
@@ -122,7 +123,7 @@ def test_tac_sends_a_slice_into_a_gap_its_whole_layer_would_overrun():
 
 
 def test_tac_predicts_a_sliced_layer_ready_at_its_first_slice():
-    tac = make_policy("tac", TimeOracle([0.010] * 4, [0.002, 0.001, 0.010, 0.001]))
+    tac = make_send_order("tac", TimeOracle([0.010] * 4, [0.002, 0.001, 0.010, 0.001]))
     for tensor, part, at in ((3, 0, 0.0), (2, 0, 0.001), (2, 1, 0.001), (1, 0, 0.002), (0, 0, 0.005), (0, 1, 0.009)):
         tac.became_ready(Unit(0, tensor, (tensor,), 100, part, 2), 100.0 + at)
     for tensor, at in ((3, 0.0), (1, 0.001), (2, 0.002)):
@@ -156,14 +157,14 @@ def test_pipelined_segments_reduce_to_the_mean_on_every_rank(loopback_addresses)
     assert all(np.array_equal(arrays[0], a) for a in arrays)
 
 
-OPTIONS = dict(iterations=12, batch=32, eval_every=0, width=64, depth=2, momentum=0.5)
+OPTIONS = dict(iterations=12, batch=32, eval_every=0, model=Model(width=64, depth=2), momentum=0.5)
 
 
 @pytest.mark.parametrize("policy", ["caramel", "bytescheduler"])
 def test_allreduce_policies_keep_the_single_worker_parameters(loopback_addresses, policy):
     single = run_job(loopback_addresses, 1, **OPTIONS)[0]["model"].params
     # Small partitions so that every layer is cut and batches mix layers.
-    for result in run_job(loopback_addresses, 4, policy=policy, partition_bytes=4096, credit_bytes=12288, **OPTIONS):
+    for result in run_job(loopback_addresses, 4, send_order=policy, partition_bytes=4096, credit_bytes=12288, **OPTIONS):
         assert np.abs(result["model"].params - single).max() < 1e-4
 
 
@@ -177,27 +178,27 @@ def test_random_order_takes_every_ready_unit_in_a_seeded_arbitrary_order():
 @pytest.mark.parametrize("policy", ["random", "priority", "tic", "tac"])
 def test_ps_policies_keep_the_ready_order_parameters(loopback_addresses, policy):
     ready = run_job(loopback_addresses, 4, "ps", 2, **OPTIONS)[0]["model"].params
-    for result in run_job(loopback_addresses, 4, "ps", 2, policy=policy, **OPTIONS):
+    for result in run_job(loopback_addresses, 4, "ps", 2, send_order=policy, **OPTIONS):
         assert np.abs(result["model"].params - ready).max() < 1e-5
 
 
 @pytest.mark.parametrize("policy", ["ready", "priority", "tac"])
 def test_ps_policies_with_slices_keep_the_whole_layer_parameters(loopback_addresses, policy):
     whole = run_job(loopback_addresses, 4, "ps", 2, **OPTIONS)[0]["model"].params
-    for result in run_job(loopback_addresses, 4, "ps", 2, policy=policy, ps_slice_bytes=4096, **OPTIONS):
+    for result in run_job(loopback_addresses, 4, "ps", 2, send_order=policy, ps_slice_bytes=4096, **OPTIONS):
         assert np.allclose(result["model"].params, whole, atol=1e-6)
 
 
 def test_profile_job_with_tac_and_bytescheduler_runs(loopback_addresses):
-    profile = dict(profile="resnet50", scale=0.001, iterations=3, eval_every=0)
-    assert run_job(loopback_addresses, 2, "ps", 1, policy="tac", **profile)[0]["iterations"] == 3
-    assert run_job(loopback_addresses, 2, "ps", 1, policy="tac", ps_slice_bytes=1024, **profile)[0]["iterations"] == 3
-    assert run_job(loopback_addresses, 2, policy="bytescheduler", partition_bytes=1024, **profile)[0]["iterations"] == 3
+    profile = dict(model=Model("resnet50", scale=0.001), iterations=3, eval_every=0)
+    assert run_job(loopback_addresses, 2, "ps", 1, send_order="tac", **profile)[0]["iterations"] == 3
+    assert run_job(loopback_addresses, 2, "ps", 1, send_order="tac", ps_slice_bytes=1024, **profile)[0]["iterations"] == 3
+    assert run_job(loopback_addresses, 2, send_order="bytescheduler", partition_bytes=1024, **profile)[0]["iterations"] == 3
 
 
 @pytest.mark.parametrize("mode, policy", [("allreduce", "tac"), ("ps", "caramel"), ("ps", "bytescheduler")])
-def test_a_policy_of_the_other_mode_is_refused(mode, policy):
-    cfg = RunConfig(role="worker", rank=0, workers=[("127.0.0.1", 1)], servers=[("127.0.0.1", 2)] if mode == "ps" else [],
-                    mode=mode, policy=policy)
-    with pytest.raises(ConfigError, match="--policy: '%s' is for" % policy):
+def test_a_send_order_of_the_other_mode_is_refused(mode, policy):
+    cfg = ProcessConfig(role="worker", rank=0, workers=[("127.0.0.1", 1)], servers=[("127.0.0.1", 2)] if mode == "ps" else [],
+                    mode=mode, send_order=policy)
+    with pytest.raises(ConfigError, match=f"--send-order: '{policy}' is not allowed \\(ready, best or "):
         cfg.validate()

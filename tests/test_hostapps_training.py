@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from hostapps.config import RunConfig
+from hostapps.config import Model, ProcessConfig
 from hostapps.profiles import resnet50
 from hostapps.records import ITERATION_COLUMNS, TENSOR_COLUMNS, Recorder
 from hostapps.server import run_server
@@ -26,7 +26,7 @@ def run_job(addresses, workers, mode="allreduce", shards=0, **options):
     results, errors = {}, []
 
     def run(role, rank):
-        cfg = RunConfig(role=role, rank=rank, workers=addrs[:workers], servers=addrs[workers:], mode=mode,
+        cfg = ProcessConfig(role=role, rank=rank, workers=addrs[:workers], servers=addrs[workers:], mode=mode,
                         timeout=10.0, **options)
         try:
             results[(role, rank)] = (run_worker if role == "worker" else run_server)(cfg)
@@ -43,7 +43,7 @@ def run_job(addresses, workers, mode="allreduce", shards=0, **options):
 
 
 def test_allreduce_ps_and_single_worker_reach_the_same_parameters(loopback_addresses):
-    options = dict(iterations=20, batch=32, eval_every=0, width=64, depth=2, momentum=0.5)
+    options = dict(iterations=20, batch=32, eval_every=0, model=Model(width=64, depth=2), momentum=0.5)
     single = run_job(loopback_addresses, 1, **options)[0]["model"].params
     allreduce = run_job(loopback_addresses, 4, **options)
     ps = run_job(loopback_addresses, 4, "ps", 2, **options)
@@ -54,7 +54,7 @@ def test_allreduce_ps_and_single_worker_reach_the_same_parameters(loopback_addre
 
 
 def test_ps_parameter_slicing_reaches_the_same_parameters_slice_by_slice(loopback_addresses):
-    options = dict(iterations=12, batch=32, eval_every=0, width=64, depth=2, momentum=0.5)
+    options = dict(iterations=12, batch=32, eval_every=0, model=Model(width=64, depth=2), momentum=0.5)
     single = run_job(loopback_addresses, 1, **options)[0]["model"].params
     whole = run_job(loopback_addresses, 2, "ps", 2, **options)
     sliced = run_job(loopback_addresses, 2, "ps", 2, ps_slice_bytes=4096, **options)
@@ -70,20 +70,20 @@ def test_ps_parameter_slicing_reaches_the_same_parameters_slice_by_slice(loopbac
 
 
 def test_mlp_reaches_90_percent_with_the_default_budget(loopback_addresses):
-    defaults = RunConfig(role="worker", rank=0, workers=[("127.0.0.1", 1)])
+    defaults = ProcessConfig(role="worker", rank=0, workers=[("127.0.0.1", 1)])
     summary = run_job(loopback_addresses, 1)[0]
     assert summary["iterations"] == defaults.iterations
     assert summary["final_accuracy"] >= 0.90
 
 
 def test_conv_model_trains(loopback_addresses):
-    summary = run_job(loopback_addresses, 2, conv=4, width=32, depth=1, iterations=150, eval_every=0)[0]
+    summary = run_job(loopback_addresses, 2, model=Model(conv=4, width=32, depth=1), iterations=150, eval_every=0)[0]
     assert summary["final_accuracy"] >= 0.85
 
 
 def test_profile_overlaps_communication_with_backprop(loopback_addresses):
     # ResNet-50 at 1/1000 scale: 107 real tensors (~100 KB), ~15 ms of emulated compute per iteration.
-    summaries = run_job(loopback_addresses, 2, profile="resnet50", scale=0.001, iterations=3, eval_every=0)
+    summaries = run_job(loopback_addresses, 2, model=Model("resnet50", scale=0.001), iterations=3, eval_every=0)
     recorder = summaries[0]["recorder"]
     assert summaries[0]["param_count"] == sum(max(1, round(layer.params * 0.001)) for layer in resnet50())
     sends = [m for m in recorder.messages if m[4] == "send" and m[0] == 1]
@@ -175,7 +175,7 @@ def test_missing_peer_makes_every_process_fail_within_the_timeout(loopback_addre
 @pytest.mark.slow
 def test_peer_dying_mid_run_fails_the_others(loopback_addresses):
     addrs = loopback_addresses(3)
-    common = ["--workers", peer_list(addrs), "--timeout", "3", "--iterations", "100000", "--eval-every", "0",
+    common = ["--workers", peer_list(addrs), "--timeout", "3", "--iterations", "10000", "--eval-every", "0",
               "--batch", "48"]
     procs = [start("worker", "--rank", str(r), *common) for r in range(3)]
     time.sleep(2.5)
@@ -186,28 +186,26 @@ def test_peer_dying_mid_run_fails_the_others(loopback_addresses):
     assert time.monotonic() - started < 10
     for p, (out, err) in zip((procs[0], procs[2]), outputs):
         assert p.returncode == 1
-        assert "worker1" in err or "closed the connection" in err, err
+        # the dead peer, or (a slow start on a loaded machine) a peer blocked behind it
+        assert "worker1" in err or "closed the connection" in err or "timed out after 3.0 s" in err, err
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--mode", "foo"], "error: --mode: unknown mode 'foo' (allowed: allreduce, ps)"),
-    (["--profile", "alexnet"], "error: --profile: unknown profile 'alexnet' (allowed: bert_base, resnet50, vgg16)"),
-    (["--model", "rnn"], "error: --model: unknown model 'rnn' (allowed: mlp)"),
-    (["--world-size", "3"], "error: --world-size: 3 does not match the 2 addresses in --workers"),
-    (["--batch", "1"], "error: --batch: global batch 1 leaves workers with no data (2 workers)"),
+    (["--mode", "foo"], "error: --mode: foo is not allowed (one of allreduce, ps)"),
+    (["--model", "alexnet"], "error: --model: alexnet is not allowed (one of mlp, resnet50, vgg16, bert_base)"),
+    (["--batch", "1"], "error: --batch: global batch 1 does not split evenly over 2 workers"),
     (["--mode", "ps", "--servers", "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004"],
      "error: --servers: 4 shards but the model has only 3 tensors, so shard 3 would hold no data"),
-    (["--transport", "mlt", "--timeout", "nan"], "error: --timeout: nan is not allowed (seconds > 0, finite)"),
+    (["--transport", "mlt", "--timeout", "nan"], "error: --timeout: nan is not allowed (seconds > 0, at most 86400: "
+                                                 "a peer silent this long is an error)"),
     (["--workers", "nohost"], "error: --workers: bad address 'nohost' (expected host:port, port 1..65535)"),
-    (["--ps-slice-bytes", "4096"], "error: --ps-slice-bytes: slices parameter-server messages: ps mode only, "
-                                   "not allreduce"),
-    (["--mode", "ps", "--servers", "127.0.0.1:7001", "--ps-slice-bytes", "-4"],
-     "error: --ps-slice-bytes: must be 0 (whole layers) or a positive multiple of 4 (whole floats), got -4"),
     (["--mode", "ps", "--servers", "127.0.0.1:7001", "--ps-slice-bytes", "4098"],
-     "error: --ps-slice-bytes: must be 0 (whole layers) or a positive multiple of 4 (whole floats), got 4098"),
-    (["--mode", "ps", "--servers", "127.0.0.1:7001", "--width", "512", "--depth", "1", "--ps-slice-bytes", "4"],
-     "error: --ps-slice-bytes: 4 bytes cut layer fc1 (133120 bytes) into 33280 slices, more than the 32768 "
-     "the message step field can number"),
+     "error: --ps-slice-bytes: 4098 is not allowed (0 or a multiple of 4 in 1024..1073741824, smaller pieces cost a "
+     "message per 256 floats or fewer (ps: each layer pushed and pulled in slices of at most this size, as P3; 0: whole "
+     "layers; allreduce ignores it))"),
+    (["--mode", "ps", "--servers", "127.0.0.1:7001", "--model", "vgg16", "--scale", "0.1", "--ps-slice-bytes",
+      "1024"], "error: --ps-slice-bytes: 1024 bytes cut layer fc6 (41105816 bytes) into 40143 slices, more than "
+               "the 32768 the message step field can number"),
 ])
 def test_bad_input_is_one_line_naming_the_argument(args, message):
     base = {"--workers": "127.0.0.1:7101,127.0.0.1:7102"}

@@ -1,14 +1,9 @@
-"""Leaf-spine and fat-tree datacenter fabrics of userspace Open vSwitch switches.
+"""Leaf-spine and fat-tree datacenter fabrics of userspace Open vSwitch switches, as Mininet Topos
+built from their layout (topologies/layout.py: names, DPIDs, ports, addresses).
 
 From the repo root:
     mn --custom topologies/leafspine.py --topo leafspine,spines=2,leaves=2,hosts=2,mtu=9000 \
        --controller remote,ip=127.0.0.1,port=6653 --test pingall
-
-Conventions (deterministic, so runs and logs compare across builds):
-  * names spine1.., leaf1.. (fat-tree: core1.., agg1.., edge1..), hosts h1..hN in leaf-major order;
-  * DPIDs 0x1000+i for leaves/edges, 0x2000+i for spines/cores, 0x3000+i for aggregation;
-  * a leaf's ports 1..hosts face its hosts and the next ones its uplinks, spine/core port j
-    faces leaf/pod j; host n has IP 10.x.y.z = 10.0.0.0 + n (/8) and MAC 00:00:..:n.
 """
 from __future__ import annotations
 
@@ -17,20 +12,16 @@ import os
 import sys
 
 from mininet.topo import Topo
-from mininet.util import ipAdd, macColonHex
 
 # `mn --custom` execs this file without __file__; the code object still knows its path.
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(inspect.currentframe().f_code.co_filename)))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
+from topologies.layout import MAX_HOSTS, MAX_PER_TIER, Layout, fat_tree, leaf_spine  # noqa: E402
 from topologies.machine import DEFAULT_TCP_CC, check_tcp_cc  # noqa: E402
 from topologies.nodes import DEFAULT_QUEUE_BYTES, FabricHost, FabricLink, OVSUserSwitch  # noqa: E402
 from topologies.shaping import DEFAULT_MTU, check_mtu, frame_bytes  # noqa: E402
-
-MAX_HOSTS = (1 << 24) - 2  # host addresses in 10.0.0.0/8
-LEAF_DPID, SPINE_DPID, AGG_DPID = 0x1000, 0x2000, 0x3000
-MAX_PER_TIER = 0xFFF  # switches of one tier, so the DPID ranges never meet
 
 
 class TopologyError(ValueError):
@@ -49,14 +40,6 @@ def _positive_rate(name: str, value) -> float:
     return float(value)
 
 
-def dpid_str(dpid: int) -> str:
-    return f"{dpid:016x}"
-
-
-def host_ip(n: int) -> str:
-    return ipAdd(n, prefixLen=8, ipBaseNum=0x0A000000)
-
-
 def _checked(check, value):
     """value through a shaping/nodes check, its ValueError as a TopologyError."""
     try:
@@ -66,7 +49,7 @@ def _checked(check, value):
 
 
 class FabricTopo(Topo):
-    """Common helpers: hosts and links with the fabric's addressing, classes, rates and MTU."""
+    """A fabric's layout as Mininet nodes and links, with our classes, rates and MTU."""
 
     def _fabric_options(self, queue_bytes: int, mtu: int, tcp_cc: str) -> None:
         """Validate and keep the options every link and host of the fabric shares."""
@@ -74,16 +57,17 @@ class FabricTopo(Topo):
         self.tcp_cc = _checked(check_tcp_cc, tcp_cc)
         self.queue_bytes = _positive_int("queue_bytes", queue_bytes, minimum=frame_bytes(self.mtu))
 
-    def _fabric_switch(self, name: str, dpid: int) -> str:
-        return self.addSwitch(name, dpid=dpid_str(dpid), cls=OVSUserSwitch)
-
-    def _fabric_host(self, n: int) -> str:
-        return self.addHost(f"h{n}", ip=f"{host_ip(n)}/8", mac=macColonHex(n), cls=FabricHost,
-                            tcp_cc=self.tcp_cc)
-
-    def _fabric_link(self, a: str, b: str, port_a: int, port_b: int, bw: float) -> None:
-        self.addLink(a, b, port1=port_a, port2=port_b, cls=FabricLink, bw=bw,
-                     queue_bytes=self.queue_bytes, mtu=self.mtu)
+    def _add_layout(self, layout: Layout, host_bw: float, fabric_bw: float) -> None:
+        self.layout = layout
+        for node in layout.nodes:
+            if node.is_switch:
+                self.addSwitch(node.name, dpid=f"{node.dpid:016x}", cls=OVSUserSwitch)
+            else:
+                self.addHost(node.name, ip=f"{node.ip}/8", mac=node.mac, cls=FabricHost, tcp_cc=self.tcp_cc)
+        for link in layout.links:
+            self.addLink(link.a.name, link.b.name, port1=link.port_a, port2=link.port_b, cls=FabricLink,
+                         bw=host_bw if link.tier == "host" else fabric_bw, queue_bytes=self.queue_bytes,
+                         mtu=self.mtu)
 
 
 class LeafSpineTopo(FabricTopo):
@@ -107,14 +91,7 @@ class LeafSpineTopo(FabricTopo):
         if leaves * hosts > MAX_HOSTS:
             raise TopologyError(f"hosts: {leaves * hosts} hosts in all is not allowed "
                                 f"(at most {MAX_HOSTS} addresses in 10.0.0.0/8)")
-        spine_names = [self._fabric_switch(f"spine{s}", SPINE_DPID + s) for s in range(1, spines + 1)]
-        for leaf in range(1, leaves + 1):
-            leaf_name = self._fabric_switch(f"leaf{leaf}", LEAF_DPID + leaf)
-            for port in range(1, hosts + 1):
-                host = self._fabric_host((leaf - 1) * hosts + port)
-                self._fabric_link(leaf_name, host, port, 0, host_bw)
-            for s, spine_name in enumerate(spine_names, start=1):
-                self._fabric_link(leaf_name, spine_name, hosts + s, leaf, fabric_bw)
+        self._add_layout(leaf_spine(spines, leaves, hosts), host_bw, fabric_bw)
 
 
 class FatTreeTopo(FabricTopo):
@@ -129,27 +106,10 @@ class FatTreeTopo(FabricTopo):
             raise TopologyError(f"k: {k} is not allowed (an even integer >= 2)")
         bw = _positive_rate("bw", bw)
         self._fabric_options(queue_bytes, mtu, tcp_cc)
-        half = k // 2
-        if k * half > MAX_PER_TIER:
+        if k * (k // 2) > MAX_PER_TIER:
             raise TopologyError(f"k: {k} is not allowed (at most 90: k*k/2 edge switches "
                                 f"must fit in {MAX_PER_TIER} DPIDs)")
-        cores = [self._fabric_switch(f"core{c}", SPINE_DPID + c) for c in range(1, half * half + 1)]
-        host_n = 0
-        for pod in range(k):
-            aggs = [self._fabric_switch(f"agg{pod * half + a}", AGG_DPID + pod * half + a)
-                    for a in range(1, half + 1)]
-            for e in range(1, half + 1):
-                edge = self._fabric_switch(f"edge{pod * half + e}", LEAF_DPID + pod * half + e)
-                for port in range(1, half + 1):
-                    host_n += 1
-                    self._fabric_link(edge, self._fabric_host(host_n), port, 0, bw)
-                for a, agg in enumerate(aggs, start=1):
-                    self._fabric_link(edge, agg, half + a, e, bw)
-            # Aggregation switch a of every pod connects to cores (a-1)*half+1 .. a*half.
-            for a, agg in enumerate(aggs, start=1):
-                for c in range(half):
-                    core = cores[(a - 1) * half + c]
-                    self._fabric_link(agg, core, half + 1 + c, pod + 1, bw)
+        self._add_layout(fat_tree(k), bw, bw)
 
 
 topos = {"leafspine": LeafSpineTopo, "fattree": FatTreeTopo}

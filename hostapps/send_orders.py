@@ -1,7 +1,9 @@
-"""Send-order policies: which ready tensor a worker pushes, or a server returns, next.
+"""Send orders: which ready tensor a worker pushes, or a server returns, next.
 
-A policy is a small class registered by name; `PolicyQueue` asks it to pick
-among the units that are ready.  The default sends in ready order.
+A send order is a small class registered by name (`SEND_ORDERS`: the registry the spec's and the
+command line's choices are read from); the send loop (hostapps/sendloop.py) asks it to pick among
+the units that are ready. The default sends in ready order; `best` names the strongest order of
+each mode.
 
 * PS mode: `priority` (front layers first, as P3), `tic` and `tac` (TicTac)
   order worker gradient pushes and the server's parameter returns; `random`
@@ -14,8 +16,6 @@ among the units that are ready.  The default sends in ready order.
   only among those.
 """
 import random
-import threading
-import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -49,7 +49,7 @@ def time_oracle(model: FlatModel, link_mbps: float) -> TimeOracle:
     return TimeOracle(forward_s, [layer.size * 4 * 8 / (link_mbps * 1e6) for layer in model.layers])
 
 
-class Policy:
+class SendOrder:
     """Picks the index of the next unit to send among those ready (in arrival order), or None to wait."""
     name = ""
     modes: tuple[str, ...] = ("allreduce", "ps")
@@ -64,27 +64,40 @@ class Policy:
         """Called when `unit` is put in the queue."""
 
 
-POLICIES: dict[str, type[Policy]] = {}
+SEND_ORDERS: dict[str, type[SendOrder]] = {}
+# `best`: the strongest order of each mode (TicTac TAC at a PS, Caramel for all-reduce).
+BEST = "best"
+BEST_SEND_ORDER = {"ps": "tac", "allreduce": "caramel"}
 
 
-def register_policy(name: str) -> Callable[[type[Policy]], type[Policy]]:
-    def register(cls: type[Policy]) -> type[Policy]:
+def register_send_order(name: str) -> Callable[[type[SendOrder]], type[SendOrder]]:
+    def register(cls: type[SendOrder]) -> type[SendOrder]:
         cls.name = name
-        POLICIES[name] = cls
+        SEND_ORDERS[name] = cls
         return cls
     return register
 
 
-@register_policy("ready")
-class ReadyOrder(Policy):
+def send_order_names() -> list[str]:
+    """What a job's send_order may be: `best` or a registered order."""
+    return [BEST, *SEND_ORDERS]
+
+
+def resolve(name: str, mode: str) -> str:
+    """A send order's registered name, `best` resolved for the mode."""
+    return BEST_SEND_ORDER[mode] if name == BEST else name
+
+
+@register_send_order("ready")
+class ReadyOrder(SendOrder):
     """First ready, first sent: the order backprop produces gradients."""
 
     def pick(self, ready: Sequence[Unit], now: float) -> int | None:
         return 0
 
 
-@register_policy("random")
-class ArbitraryOrder(Policy):
+@register_send_order("random")
+class ArbitraryOrder(SendOrder):
     """Any ready unit, drawn at random: TensorFlow's PS without TicTac, which enforces no order among the
     transfers that are ready (TicTac's own baseline).  Seeded: a run is repeatable."""
     modes = ("ps",)
@@ -104,8 +117,8 @@ def front_most(ready: Sequence[Unit]) -> int:
                                                  ready[i].part))
 
 
-@register_policy("priority")
-class FrontLayersFirst(Policy):
+@register_send_order("priority")
+class FrontLayersFirst(SendOrder):
     """Front layers first, as P3 (Jayarajan et al., SysML'19): layer 0's gradient is needed first next iteration."""
     modes = ("ps",)
 
@@ -113,7 +126,7 @@ class FrontLayersFirst(Policy):
         return front_most(ready)
 
 
-@register_policy("tic")
+@register_send_order("tic")
 class Tic(FrontLayersFirst):
     """TIC, Timing-Independent Communication scheduling (Hashemi et al., "TicTac", MLSys'19).
 
@@ -124,8 +137,8 @@ class Tic(FrontLayersFirst):
     """
 
 
-@register_policy("tac")
-class Tac(Policy):
+@register_send_order("tac")
+class Tac(SendOrder):
     """TAC, Timing-Aware Communication scheduling (Hashemi et al., "TicTac", MLSys'19), for chain models.
 
     With every transfer ready, front layers first minimises the forward pass's
@@ -183,7 +196,7 @@ class Tac(Policy):
         return min(fitting, key=lambda i: (ready[i].tensor, ready[i].part)) if fitting else None
 
 
-@register_policy("caramel")
+@register_send_order("caramel")
 class Caramel(ReadyOrder):
     """Caramel-style overlap (Wang et al., "Caramel: Accelerating Decentralized Distributed Deep Learning
     with Model-Aware Scheduling", 2020) for allreduce.
@@ -197,8 +210,8 @@ class Caramel(ReadyOrder):
     modes = ("allreduce",)
 
 
-@register_policy("bytescheduler")
-class ByteScheduler(Policy):
+@register_send_order("bytescheduler")
+class ByteScheduler(SendOrder):
     """ByteScheduler (Peng et al., SOSP'19) for allreduce: tensors cut into --partition-bytes partitions,
     front layers first, at most --credit-bytes of partitions in flight (all-reduced as one pipelined
     batch), so a front layer that becomes ready preempts the rest of a large back layer."""
@@ -208,125 +221,5 @@ class ByteScheduler(Policy):
         return front_most(ready)
 
 
-def make_policy(name: str, oracle: TimeOracle) -> Policy:
-    return POLICIES[name](oracle)
-
-
-class QueueClosed(Exception):
-    """The queue was closed and is empty."""
-
-
-# How long a queue whose policy chose to wait sleeps before asking again (a put wakes it sooner).
-WAIT_POLL_S = 0.0005
-
-
-class PolicyQueue:
-    """Thread-safe queue whose take() returns the units the policy picks."""
-
-    def __init__(self, policy: Policy):
-        self._policy = policy
-        self._ready: list[tuple[int, Unit]] = []  # (arrival number, unit)
-        self._arrivals = 0
-        self._cond = threading.Condition()
-        self._closed = False
-        self._taken = 0
-        self._done = 0
-
-    def put(self, unit: Unit) -> None:
-        with self._cond:
-            self._ready.append((self._arrivals, unit))
-            self._arrivals += 1
-            self._policy.became_ready(unit, time.monotonic())
-            self._cond.notify_all()
-
-    def _wait_for_units(self) -> None:
-        """Block until a unit is ready (the producer is our own compute thread) or the queue closes."""
-        while not self._ready:
-            if self._closed:
-                raise QueueClosed()
-            self._cond.wait()
-
-    def next_arrival(self) -> tuple[Unit, int]:
-        """Block until a unit is ready; return the earliest-arrived one and how many units ever arrived."""
-        with self._cond:
-            self._wait_for_units()
-            return self._ready[0][1], self._arrivals
-
-    def take(self, visible: int | None = None, credit_bytes: int = 0) -> list[Unit]:
-        """The unit the policy picks among the first `visible` arrivals (all if None), then more picks while
-        the batch stays within credit_bytes."""
-        with self._cond:
-            batch: list[Unit] = []
-            while True:
-                if batch and not self._ready:
-                    return batch
-                self._wait_for_units()
-                candidates = [unit for arrival, unit in self._ready if visible is None or arrival < visible]
-                choice = self._policy.pick(candidates, time.monotonic()) if candidates else None
-                if choice is None or (batch and sum(u.nbytes for u in batch) + candidates[choice].nbytes > credit_bytes):
-                    if batch:
-                        return batch
-                    self._cond.wait(WAIT_POLL_S)
-                    continue
-                unit = candidates[choice]
-                self._ready = [(arrival, u) for arrival, u in self._ready if u is not unit]
-                self._taken += 1
-                batch.append(unit)
-
-    def task_done(self, count: int = 1) -> None:
-        with self._cond:
-            self._done += count
-            self._cond.notify_all()
-
-    def join(self, timeout: float) -> bool:
-        """Wait until every unit put so far was taken and marked done; False on timeout."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while self._ready or self._done < self._taken:
-                if not self._cond.wait(max(0.0, deadline - time.monotonic())):
-                    return False
-            return True
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-
-
-# (earliest-arrived ready unit, units arrived so far) -> how many arrivals every rank has: a collective.
-Agree = Callable[[Unit, int], int]
-
-
-class SendLoop:
-    """A daemon thread that takes batches of units from a PolicyQueue and hands each batch to `communicate`.
-
-    With `agree`, each batch is picked only among the arrivals every rank has
-    (allreduce with a reordering policy).  An exception stops the loop and is
-    kept in `error` for the owner to raise.
-    """
-
-    def __init__(self, name: str, policy: Policy, communicate: Callable[[list[Unit]], None],
-                 on_error: Callable[[], None], agree: Agree | None = None, credit_bytes: int = 0):
-        self.queue = PolicyQueue(policy)
-        self.error: BaseException | None = None
-        self._communicate, self._on_error = communicate, on_error
-        self._agree, self._credit_bytes = agree, credit_bytes
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            while True:
-                visible = self._agree(*self.queue.next_arrival()) if self._agree else None
-                units = self.queue.take(visible, self._credit_bytes)
-                self._communicate(units)
-                self.queue.task_done(len(units))
-        except QueueClosed:
-            return
-        except BaseException as e:  # reported by the owner, which fails the whole process
-            self.error = e
-            self._on_error()
-
-    def stop(self) -> None:
-        self.queue.close()
-        self._thread.join()
+def make_send_order(name: str, oracle: TimeOracle) -> SendOrder:
+    return SEND_ORDERS[name](oracle)
