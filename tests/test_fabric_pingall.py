@@ -37,12 +37,11 @@ def test_groups_follow_the_lb_mode(fabric):
     assert {g["selection_method"] for gs in groups.values() for g in gs} == {method}
 
 
+@pytest.mark.parametrize("fabric", [("square", "spray")], indirect=True, ids=["square-spray"])
 def test_spray_splits_an_mlt_training_job(fabric, tmp_path):
     """A real job over the mlt transport: its datagrams leave leaf1 over both spines evenly.
     (Two spines: OVS maps dp_hash onto a power-of-two number of slots, so with 3 buckets one
     gets about 0.4 of the hash space; docs/platform.md.)"""
-    if (fabric.kind, fabric.lb) != ("leafspine", "spray"):
-        pytest.skip("spraying on the square leaf-spine")
     common = ["--workers", "10.0.0.1:7000", "--servers", "10.0.0.3:7100", "--mode", "ps",
               "--transport", "mlt", "--link-mbps", "100", "--width", "256", "--iterations", "5",
               "--batch", "16", "--timeout", "20",

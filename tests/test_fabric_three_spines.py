@@ -16,8 +16,15 @@ from topologies.shaping import leaf_handle
 pytestmark = pytest.mark.integration
 
 
+def on(lb: str):
+    """Run a test on the fabric in this LB mode only."""
+    return pytest.mark.parametrize("three_spines", [lb], indirect=True)
+
+
 @pytest.fixture(scope="module", params=LB_MODES)
 def three_spines(request, tmp_path_factory):
+    """The fabric in each LB mode; a test that needs one mode asks for it with @on(mode), so that
+    only the modes some test uses are built, and no test is collected only to be skipped."""
     yield from make_fabric(tmp_path_factory, "leafspine",
                            {"spines": 3, "leaves": 2, "hosts": 2, "host_bw": 50,
                             "fabric_bw": 100}, request.param)
@@ -50,9 +57,8 @@ def test_controller_sees_the_fabric(three_spines):
 
 
 # -- load balancing -----------------------------------------------------------------------------
+@on('ecmp')
 def test_ecmp_spreads_tcp_flows_and_keeps_each_on_one_path(three_spines):
-    if three_spines.lb != "ecmp":
-        pytest.skip("ECMP behaviour")
     before = spine_rx(three_spines, 1, "rx_bytes")
     _, client = iperf(three_spines, "h1", "h3", 5201, 3, "-P", "16")
     assert goodput_mbps(client) > 30
@@ -69,9 +75,8 @@ def test_ecmp_spreads_tcp_flows_and_keeps_each_on_one_path(three_spines):
     assert max(single.values()) / sum(single.values()) > 0.97, single
 
 
+@on('spray')
 def test_spray_splits_one_udp_sender_per_packet(three_spines):
-    if three_spines.lb != "spray":
-        pytest.skip("spraying behaviour")
     count = 3000
     before = spine_rx(three_spines, 1)
     sender = three_spines.popen("h1", [PYTHON, SPRAYER, "10.0.0.3", "9999", str(count),
@@ -97,9 +102,8 @@ def test_spray_splits_one_udp_sender_per_packet(three_spines):
     assert flows.count("udp") < 100, f"{flows.count('udp')} UDP datapath flows"
 
 
+@on('single')
 def test_single_uses_one_path_per_destination(three_spines):
-    if three_spines.lb != "single":
-        pytest.skip("single-path behaviour")
     before = spine_rx(three_spines, 1)
     sender = three_spines.popen("h1", [PYTHON, SPRAYER, "10.0.0.3", "9999", "1000",
                                        "--random-sport"])
@@ -125,19 +129,17 @@ def compete(fab, bulk_port: int, src: str, port: int, *extra: str) -> tuple[floa
     return goodput_mbps(flow), goodput_mbps(bulk)
 
 
+@on('ecmp')
 def test_cs5_marked_by_host_beats_unmarked(three_spines):
     """Two senders into one 50 Mbit/s host port; the CS5 one must get >= 80% of it."""
-    if three_spines.lb != "ecmp":
-        pytest.skip("one LB mode is enough")
     marked_mbps, bulk_mbps = compete(three_spines, 5301, "h1", 5302, "--dscp", "40")  # CS5
     print(f"host-marked CS5 {marked_mbps:.1f} Mbit/s, unmarked {bulk_mbps:.1f} Mbit/s")
     assert marked_mbps >= 0.8 * 50
 
 
+@on('spray')
 def test_controller_marks_a_flow(three_spines):
     """The controller's DSCP API: an unmarked flow marked CS5 at its ingress switch wins."""
-    if three_spines.lb != "spray":
-        pytest.skip("one LB mode is enough")
     flow = {"src": "10.0.0.1", "dst": "10.0.0.3", "proto": "tcp", "dport": 5402, "dscp": 40}
     classes = three_spines.rest("/fabric/classes", "POST", {"flows": [flow]})
     assert classes == [{**flow, "switch": "leaf1"}]
@@ -164,10 +166,9 @@ JOB = {"job": "resnet-ish", "policy": "layer", "hosts": ["10.0.0.1", "10.0.0.3"]
                   "proto": "udp", "dport_range": [6000, 6009]}]}
 
 
+@on('ecmp')
 def test_registered_job_prioritizes_its_front_layer(three_spines):
     """POST /jobs: layer 0's TCP flow becomes CS6 at leaf1 and beats an unmarked bulk flow."""
-    if three_spines.lb != "ecmp":
-        pytest.skip("one LB mode is enough")
     job = three_spines.rest("/jobs", "POST", JOB)
     assert [layer["dscp"] for layer in job["layers"]] == [48, 40, 32, 24, 16, 16]
     dump = classify_table("leaf1")
@@ -182,11 +183,10 @@ def test_registered_job_prioritizes_its_front_layer(three_spines):
     assert "ip_dscp" not in dump and "nw_tos" not in dump, dump
 
 
+@on('ecmp')
 def test_lower_effort_datagrams_are_dropped_first(three_spines):
     """A job host's DSCP-1 (LE) flow is moved to CS1 (served last, short queue): under
     congestion it loses to an unmarked flow and its queue drops."""
-    if three_spines.lb != "ecmp":
-        pytest.skip("one LB mode is enough")
     three_spines.rest("/jobs", "POST", JOB)
     drops_before = cs_queue_drops("leaf2-eth1", 1)  # leaf2's port to h3
     droppable_mbps, bulk_mbps = compete(three_spines, 5601, "h1", 5602, "--dscp", "1")
@@ -199,10 +199,9 @@ def test_lower_effort_datagrams_are_dropped_first(three_spines):
 
 
 # -- failures -----------------------------------------------------------------------------------
+@on('single')
 def test_link_down_loses_at_most_a_second(three_spines):
     """Ping h1 -> h3 every 20 ms and take down the uplink the ping uses; then bring it back."""
-    if three_spines.lb != "single":
-        pytest.skip("the controller's reaction matters most without multipath")
     used = None
     before = spine_rx(three_spines, 1)
     three_spines.host("h1").cmd("ping -c 20 -i 0.02 -q 10.0.0.3")
@@ -223,9 +222,8 @@ def test_link_down_loses_at_most_a_second(three_spines):
     assert three_spines.net.pingAll(timeout=1) == 0
 
 
+@on('ecmp')
 def test_ecmp_group_drops_a_dead_bucket(three_spines):
-    if three_spines.lb != "ecmp":
-        pytest.skip("groups exist in ecmp/spray")
     def leaf1_group() -> list[int]:
         return three_spines.rest("/fabric/groups")["leaf1"][0]["ports"]
 
@@ -236,9 +234,8 @@ def test_ecmp_group_drops_a_dead_bucket(three_spines):
     assert three_spines.net.pingAll(timeout=1) == 0
 
 
+@on('ecmp')
 def test_port_statistics_csv(three_spines):
-    if three_spines.lb != "ecmp":
-        pytest.skip("one LB mode is enough")
     time.sleep(1.2)
     lines = (three_spines.workdir / "ports.csv").read_text().splitlines()
     assert lines[0] == "time_s,switch,port,tx_bytes,rx_bytes,tx_packets,rx_packets,tx_dropped,rx_dropped"
