@@ -45,7 +45,7 @@ def _measure(cfg: ProcessConfig, rounds: int, one_round) -> dict:
         one_round(transport, state, r)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     transport.close()
-    return dict(wall=wall, cpu=cpu, bytes=sum(m[3] for m in recorder.messages))
+    return dict(wall=wall, cpu=cpu, bytes=sum(m.nbytes for m in recorder.messages))
 
 
 def _allreduce_process(cfg: ProcessConfig, nbytes: int, rounds: int, results) -> None:

@@ -11,7 +11,7 @@ import threading
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from hostapps.files import atomic_open
 from hostapps.transport import Peer
@@ -22,13 +22,26 @@ TENSOR_COLUMNS = ("job", "role", "rank", "iteration", "tensor", "layer", "bytes"
                   "start_s", "end_s", "delivered_fraction")
 
 
+class MessageRecord(NamedTuple):
+    """One message a process sent or received, as the transport reported it."""
+    iteration: int
+    tensor: int
+    step: int
+    nbytes: int
+    direction: str  # send or recv
+    peer: str
+    start_s: float
+    end_s: float
+    delivered_fraction: float
+
+
 class Recorder:
     """Collects iteration rows, per-message tensor rows and trace spans of one process."""
 
     def __init__(self, job: int, role: str, rank: int):
         self.job, self.role, self.rank = job, role, rank
         self.iterations: list[dict] = []
-        self.messages: list[tuple] = []
+        self.messages: list[MessageRecord] = []
         self.spans: list[tuple[str, str, float, float, str]] = []
         self._lock = threading.Lock()
 
@@ -36,8 +49,8 @@ class Recorder:
                     peer: Peer, start_s: float, end_s: float, delivered_fraction: float) -> None:
         """The transport's TensorLog: called from sender and receiver threads."""
         with self._lock:
-            self.messages.append((iteration, tensor, step, nbytes, direction, str(peer),
-                                  start_s, end_s, delivered_fraction))
+            self.messages.append(MessageRecord(iteration, tensor, step, nbytes, direction, str(peer),
+                                               start_s, end_s, delivered_fraction))
 
     @contextmanager
     def span(self, name: str, category: str) -> Iterator[None]:
@@ -57,10 +70,10 @@ class Recorder:
     def bytes_by_iteration(self) -> dict[tuple[int, str], float]:
         """Per (iteration, "send" | "recv" | "delivered"): bytes sent, to receive, and received."""
         total: dict[tuple[int, str], float] = defaultdict(int)
-        for iteration, _, _, nbytes, direction, _, _, _, fraction in self.messages:
-            total[(iteration, direction)] += nbytes
-            if direction == "recv":
-                total[(iteration, "delivered")] += nbytes * fraction
+        for m in self.messages:
+            total[(m.iteration, m.direction)] += m.nbytes
+            if m.direction == "recv":
+                total[(m.iteration, "delivered")] += m.nbytes * m.delivered_fraction
         return total
 
     def write(self, out_dir: str, tensor_names: dict[int, tuple[str, str]], summary: dict) -> None:
@@ -107,9 +120,9 @@ class Recorder:
         return dict(traceEvents=events, displayTimeUnit="ms")
 
 
-def comm_busy_s(messages: list[tuple], iteration: int) -> float:
+def comm_busy_s(messages: list[MessageRecord], iteration: int) -> float:
     """Length of the union of an iteration's message spans: the time communication was active."""
-    spans = sorted((m[6], m[7]) for m in messages if m[0] == iteration)
+    spans = sorted((m.start_s, m.end_s) for m in messages if m.iteration == iteration)
     busy, reach = 0.0, float("-inf")
     for start, end in spans:
         if end > reach:

@@ -383,7 +383,7 @@ def test_training_converges_with_random_loss_within_the_bound(loopback_addresses
     assert sum(t.stats.datagrams_dropped for t in transports) > 0
     # NACKs only ask for messages below 95% delivered; everything else completes as it is.
     assert max(t.stats.nack_max_delivered for t in transports) < 0.95
-    fractions = [m[8] for s in summaries for m in s["recorder"].messages if m[4] == "recv"]
+    fractions = [m.delivered_fraction for s in summaries for m in s["recorder"].messages if m.direction == "recv"]
     assert min(fractions) >= 0.95 and any(f < 1 for f in fractions)
 
 

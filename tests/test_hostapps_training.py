@@ -65,7 +65,7 @@ def test_ps_parameter_slicing_reaches_the_same_parameters_slice_by_slice(loopbac
     messages = sliced[0]["recorder"].messages
     expected = {(0, 2 * k, 3328) for k in range(5)} | {(1, 2 * k, 3328) for k in range(5)} | {(2, 0, 2600)}
     for direction, step in (("send", 0), ("recv", 1)):
-        assert {(m[1], m[2], m[3]) for m in messages if m[0] == 1 and m[4] == direction} == {
+        assert {(m.tensor, m.step, m.nbytes) for m in messages if m.iteration == 1 and m.direction == direction} == {
             (tensor, push + step, nbytes) for tensor, push, nbytes in expected}
 
 
@@ -86,10 +86,10 @@ def test_profile_overlaps_communication_with_backprop(loopback_addresses):
     summaries = run_job(loopback_addresses, 2, model=Model("resnet50", scale=0.001), iterations=3, eval_every=0)
     recorder = summaries[0]["recorder"]
     assert summaries[0]["param_count"] == sum(max(1, round(layer.params * 0.001)) for layer in resnet50())
-    sends = [m for m in recorder.messages if m[4] == "send" and m[0] == 1]
+    sends = [m for m in recorder.messages if m.direction == "send" and m.iteration == 1]
     backward = [s for s in recorder.spans if s[0] == "backward 1"][0]
     # Wait-free backprop: the first gradients go out before backward of that iteration ends.
-    assert min(m[6] for m in sends) < backward[3]
+    assert min(m.start_s for m in sends) < backward[3]
 
 
 def cli(*args, timeout=60):
