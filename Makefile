@@ -2,7 +2,8 @@
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
-DEB_PACKAGES := mininet openvswitch-switch iperf3 iperf iputils-ping ethtool nftables
+# chromium: the live view's test renders the page headless
+DEB_PACKAGES := mininet openvswitch-switch iperf3 iperf iputils-ping ethtool nftables chromium
 SPEC ?= experiments/default.yaml
 OUT ?=
 PYTEST_ARGS ?=

@@ -9,6 +9,7 @@ from pathlib import Path
 from experiments.spec import Spec, SpecError, load_spec
 
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
+LIVE_PORT = 8765
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -22,6 +23,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, help=f"results directory (default: {RESULTS_DIR}/<name>-<time>)")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
     run.add_argument("--resume", action="store_true", help="skip the runs --out already finished")
+    run.add_argument("--live", nargs="?", type=int, const=LIVE_PORT, metavar="PORT",
+                     help=f"serve a live view of the experiment on 127.0.0.1:PORT (default {LIVE_PORT}; a spec's "
+                          "`live: PORT` does the same)")
 
     validate = commands.add_parser("validate", help="check a spec and list its runs (no root needed)")
     validate.add_argument("spec", help="YAML spec file")
@@ -72,7 +76,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = args.out or RESULTS_DIR / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     from experiments.runner import run_experiment  # the network side: Mininet, OVS, Ryu
-    failed = run_experiment(spec, out, args.resume)
+    live = args.live if args.live is not None else spec.header.live
+    if live is not None and not 1024 <= live <= 65535:
+        print(f"run: --live: {live} is not allowed (a port 1024..65535)", file=sys.stderr)
+        return 2
+    failed = run_experiment(spec, out, args.resume, live)
     return 1 if failed else 0
 
 

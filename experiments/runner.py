@@ -16,10 +16,12 @@ runner started and keeps the finished runs for --resume.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -36,6 +38,8 @@ from mininet.log import setLogLevel
 
 from experiments import plots, summary
 from experiments.disturbances import Schedule, disturbances_of
+from experiments.live import LiveError, LiveView
+from experiments.metrics import comm_lower_bound_s
 from experiments.progress import Progress
 from experiments.results import (PORT_COLUMNS, PORT_RATE_COLUMNS, aggregate, completed_run_ids,
                                  process_dir, read_run_record, run_dir, start_output, write_csv,
@@ -53,7 +57,8 @@ SERVER_PORT = 7100
 PEER_TIMEOUT_S = 30.0   # host apps fail when a peer stays silent this long
 RUN_TIMEOUT_S = 600.0   # a job still running after this is killed and its run failed
 POLL_S = 0.2
-CONTROLLER_CHECK_S = 1.0  # how often the runner checks that the controller is alive
+CONTROLLER_CHECK_S = 1.0
+ITERATION_LINE = re.compile(r"^iteration \d+/\d+ (\d+\.\d+)$", re.M)  # the rank-0 worker's stdout  # how often the runner checks that the controller is alive
 
 
 @dataclass
@@ -64,10 +69,22 @@ class JobProcess:
     stderr: Path
 
 
-def run_experiment(spec: Spec, out_dir: Path, resume: bool) -> int:
-    """Run the spec's runs not yet finished in out_dir; return how many runs failed."""
+def run_experiment(spec: Spec, out_dir: Path, resume: bool, live_port: int | None = None) -> int:
+    """Run the spec's runs not yet finished in out_dir; return how many runs failed. live_port:
+    serve the live view (experiments/live.py) on that port of 127.0.0.1 meanwhile."""
     if os.geteuid() != 0:
         sys.exit("run: the runner needs root (Mininet, Open vSwitch): run it with sudo")
+    live = None
+    if live_port is not None:
+        try:
+            live = LiveView(spec.name, [run.run_id for run in spec.runs], live_port)
+        except LiveError as error:
+            sys.exit(f"run: {error}")
+    with live or contextlib.nullcontext():
+        return _run_experiment(spec, out_dir, resume, live)
+
+
+def _run_experiment(spec: Spec, out_dir: Path, resume: bool, live: LiveView | None) -> int:
     try:
         for tcp_cc in sorted({run.topology.tcp_cc for run in spec.runs}):
             prepare(tcp_cc)  # before meta.json records the machine's settings
@@ -81,10 +98,12 @@ def run_experiment(spec: Spec, out_dir: Path, resume: bool) -> int:
     finished = completed_run_ids(out, spec) if resume else set()
     signal.signal(signal.SIGTERM, _interrupt)
     print(f"{spec.name}: {len(spec.runs)} runs into {out}", file=sys.stderr)
+    if live is not None:
+        print(f"live view: {live.url}", file=sys.stderr)
     try:
-        with Progress(len(spec.runs)) as progress:
-            for _ in finished:
-                progress.end_run("skipped")
+        with Progress(len(spec.runs), live=live) as progress:
+            for run_id in finished:
+                progress.end_run("skipped", run_id)
             pending = [run for run in spec.runs if run.run_id not in finished]
             for _, runs in itertools.groupby(pending, _fabric_key):
                 run_on_fabric(out, list(runs), progress)
@@ -130,8 +149,9 @@ def run_on_fabric(out: Path, runs: list[Run], progress: Progress) -> None:
                 print(f"run: removed a stale fabric's leftover: {line}", file=sys.stderr)
             fab.wait_reachable()
             rates = port_rates(fab)
+            progress.fabric_up(fab, rates)
             for run in runs:
-                progress.start_run(run.run_id, run.job.iterations)
+                progress.start_run(run.run_id, run.job.iterations, lower_bound_s(run))
                 try:
                     status = run_once(fab, out, run, rates, stats_csv, progress)
                 except (FabricError, OSError):
@@ -146,7 +166,9 @@ def run_on_fabric(out: Path, runs: list[Run], progress: Progress) -> None:
             if run.run_id not in recorded:
                 run_dir(out, run.run_id).mkdir(parents=True, exist_ok=True)
                 write_run_record(out, run, "failed", now, now, error=f"fabric: {error}")
-                progress.end_run("failed")
+                progress.end_run("failed", run.run_id)
+    finally:
+        progress.fabric_down()
 
 
 def switch_ports(fab: Fabric) -> dict[str, tuple[str, int]]:
@@ -216,7 +238,8 @@ def run_once(fab: Fabric, out: Path, run: Run, rates: pd.DataFrame, stats_csv: P
     error = ""
     try:
         try:
-            with FabricSampler(path, switch_ports(fab)):
+            with FabricSampler(path, switch_ports(fab)) as sampler:
+                progress.sampling(sampler)
                 layer_dscp = register_job(fab, run, job_id, watch.jobs)
                 processes = launch_job(fab, out, run, layer_dscp, job_number)
                 schedule.start()
@@ -257,6 +280,14 @@ def process_config(run: Run, role: str, rank: int, ip: dict[str, str], **process
                          servers=[(ip[host], SERVER_PORT) for host in config.server_hosts],
                          timeout=PEER_TIMEOUT_S, link_mbps=config.topology.host_bw,
                          mtu_payload=payload_for_mtu(config.topology.mtu), **process)
+
+
+def lower_bound_s(run: Run) -> float:
+    """The analytical bound on the run's communication per iteration (experiments/metrics.py)."""
+    config = run.config
+    model_bytes = sum(layer["bytes"] for layer in layer_table(run))
+    return comm_lower_bound_s(run.job.mode, model_bytes, config.topology.host_bw, len(config.worker_hosts),
+                              max(1, len(config.server_hosts)), config.topology.mtu, run.job.transport)
 
 
 def layer_table(run: Run) -> list[dict]:
@@ -335,7 +366,8 @@ def wait_job(processes: list[JobProcess], progress: Progress, watch: Callable[[]
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while True:
         watch()
-        progress.iteration(rank0.stdout.read_text().count("iteration "))
+        ends = [float(end) for end in ITERATION_LINE.findall(rank0.stdout.read_text())]
+        progress.iteration(len(ends), ends)
         codes = [process.popen.poll() for process in processes]
         failed = [(process, code) for process, code in zip(processes, codes) if code]
         if failed:

@@ -92,6 +92,9 @@ class FabricSampler:
         self._thread = threading.Thread(target=self._run, name="fabric-sampler", daemon=True)
         self._log = OvsLog()
         self._drops_before = 0
+        # The last samples, for the live view: cpu (machine, busiest ovs-vswitchd thread), queues (rows
+        # of class_queue_stats).
+        self.latest: dict[str, object] = {}
 
     def __enter__(self) -> FabricSampler:
         self._drops_before = datapath_drops(_coverage())
@@ -121,6 +124,7 @@ class FabricSampler:
     def _sample_queues(self, queues: csv.writer, drains: csv.writer, now: float) -> None:
         start = time.monotonic()
         rows = self._queue_stats()
+        self.latest = {**self.latest, "queues": rows}
         for row in rows:
             queues.writerow([f"{now:.3f}", *row])
         if any(row[-1] for row in rows):
@@ -151,8 +155,9 @@ class FabricSampler:
                 now_threads, now_mono = _threads(pid), time.monotonic()
                 if now_total > total:
                     thread_util = busiest_thread_share(threads, now_threads, now_mono - then)
-                    cpu.writerow([f"{time.time():.3f}", f"{(now_busy - busy) / (now_total - total):.4f}",
-                                  f"{thread_util:.4f}"])
+                    machine = (now_busy - busy) / (now_total - total)
+                    self.latest = {**self.latest, "cpu": (machine, thread_util)}
+                    cpu.writerow([f"{time.time():.3f}", f"{machine:.4f}", f"{thread_util:.4f}"])
                     cpu_file.flush()
                 busy, total, threads, then = now_busy, now_total, now_threads, now_mono
                 self._sample(queues, drains, sockets, files)

@@ -233,6 +233,8 @@ class Header:
     description: str = knob("", "text")
     repetitions: int = knob(1, f"an integer 1..{MAX_REPETITIONS}", lambda n: 1 <= n <= MAX_REPETITIONS)
     matrix: dict = knob({}, "a mapping of axis names to axes")
+    live: int | None = knob(None, "a port 1024..65535 of 127.0.0.1 for the live view of the running experiment "
+                            "(experiments/live.py), or null", lambda port: port is None or 1024 <= port <= 65535)
 
 
 _HEADER_KEYS = tuple(f.name for f in dataclasses.fields(Header))

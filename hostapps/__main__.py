@@ -5,6 +5,7 @@ never connected, sent garbage or timed out); errors are one 'error: ...' line.
 """
 import os
 import sys
+import time
 
 from hostapps.codec import FrameError
 from hostapps.config import ConfigError, config_from_args
@@ -17,8 +18,10 @@ def main(argv: list[str]) -> int:
     try:
         cfg = config_from_args(argv)
         if cfg.role == "worker":
-            # One line per iteration: the experiment runner follows a job's progress in this log.
-            summary = run_worker(cfg, lambda done: print("iteration %d/%d" % (done, cfg.iterations), flush=True))
+            # One line per iteration, with its end (epoch seconds): the experiment runner follows a job's
+            # progress, and its live view the iteration times, in this log.
+            summary = run_worker(cfg, lambda done: print(f"iteration {done}/{cfg.iterations} {time.time():.3f}",
+                                                         flush=True))
         else:
             summary = run_server(cfg)
     except ConfigError as e:
