@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import json
 import math
 import os
 import re
@@ -44,13 +45,15 @@ from experiments.progress import Progress
 from experiments.results import (PORT_COLUMNS, PORT_RATE_COLUMNS, aggregate, completed_run_ids,
                                  process_dir, read_run_record, run_dir, start_output, write_csv,
                                  write_run_record)
+from hostapps.files import write_text
 from experiments.sampler import FabricSampler
 from experiments.spec import Run, Spec, Topology
 from hostapps.config import ProcessConfig, Training, build_model, process_arguments
 from hostapps.mlt import payload_for_mtu
 from topologies.cleanup import REPO
 from topologies.fabric import Fabric, FabricError, kill_group
-from topologies.machine import MachineError, prepare
+from topologies.machine import (MachineError, machine_used_mb, prepare, process_rss_mb,
+                                vswitchd_pid)
 
 WORKER_PORT = 7000
 SERVER_PORT = 7100
@@ -141,6 +144,7 @@ def run_on_fabric(out: Path, runs: list[Run], progress: Progress) -> None:
         shutil.rmtree(workdir)  # a resumed attempt's leftovers
     stats_csv = workdir / "ports.csv"
     recorded: list[str] = []
+    fab, memory = None, None
     try:
         with Fabric(first.topology.kind, _topo_params(first.topology), lb=first.controller.lb,
                     workdir=workdir, stats_csv=stats_csv,
@@ -160,6 +164,7 @@ def run_on_fabric(out: Path, runs: list[Run], progress: Progress) -> None:
                     raise
                 recorded.append(run.run_id)
                 progress.end_run(status)
+            memory = fabric_record(fab)  # while it runs
     except (FabricError, OSError) as error:
         now = time.time()
         for run in runs:
@@ -169,6 +174,19 @@ def run_on_fabric(out: Path, runs: list[Run], progress: Progress) -> None:
                 progress.end_run("failed", run.run_id)
     finally:
         progress.fabric_down()
+        if fab is not None:  # it started: its record, with how long it took to stop
+            record = {**(memory or fabric_record(fab)),
+                      **{key: round(value, 3) for key, value in fab.timings.items()}}
+            write_text(workdir / "fabric.json", json.dumps(record, indent=2) + "\n")
+
+
+def fabric_record(fab: Fabric) -> dict:
+    """The fabric's size and the memory of the machine and of ovs-vswitchd while it runs (for
+    fabrics/<first run>/fabric.json, with its build, start and stop times)."""
+    layout = fab.topo.layout
+    pid = vswitchd_pid()
+    return {"hosts": len(layout.hosts), "switches": len(layout.switches), "links": len(layout.links),
+            "vswitchd_rss_mb": process_rss_mb(pid) if pid else None, "machine_used_mb": machine_used_mb()}
 
 
 def switch_ports(fab: Fabric) -> dict[str, tuple[str, int]]:

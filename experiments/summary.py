@@ -3,6 +3,7 @@ the others, with the baseline and with the analytical lower bound; then notes on
 (low-fidelity) and failed runs."""
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -156,7 +157,24 @@ def render(out_dir: str | Path) -> str:
             notes.append(f"- {run.run_id}: metrics left empty: {run.data_gaps}")
     if notes:
         lines += ["## Notes", "", *notes, ""]
-    return "\n".join(lines)
+    return "\n".join(lines + _fabrics(Path(out_dir)))
+
+
+FABRIC_COLUMNS = ["first run", "hosts", "switches", "links", "build (s)", "start (s)", "stop (s)",
+                  "ovs-vswitchd RSS (MB)", "machine memory used (MB)"]
+
+
+def _fabrics(out: Path) -> list[str]:
+    """A table of the fabrics the runs used (fabrics/*/fabric.json): size, set-up times, memory."""
+    rows = []
+    for path in sorted(out.glob("fabrics/*/fabric.json")):
+        record = json.loads(path.read_text())
+        rows.append([path.parent.name, *(str(record.get(key, "—")) for key in
+                                          ("hosts", "switches", "links", "build_s", "start_s", "stop_s",
+                                           "vswitchd_rss_mb", "machine_used_mb"))])
+    if not rows:
+        return []
+    return ["## Fabrics", "", *_markdown(pd.DataFrame(rows, columns=FABRIC_COLUMNS)), ""]
 
 
 def write_summary(out_dir: str | Path) -> str:

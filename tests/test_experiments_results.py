@@ -389,3 +389,15 @@ def test_time_to_accuracy_cell_tells_never_reached_from_no_accuracy_at_all():
     assert _time_to_accuracy(pd.Series([10.0, nan]), pd.Series([0.9, 0.8])) == "10 (1/2 reached)"
     assert _time_to_accuracy(pd.Series([nan, nan]), pd.Series([0.8, 0.8])) == "never"
     assert _time_to_accuracy(pd.Series([nan, nan]), pd.Series([nan, nan])) == "—"  # a layer profile
+
+
+def test_summary_lists_the_fabrics_with_their_set_up_times(tmp_path):
+    make_results(tmp_path)
+    results.aggregate(tmp_path)
+    record = {"hosts": 32, "switches": 12, "links": 64, "vswitchd_rss_mb": 70.5, "machine_used_mb": 3100.0,
+              "build_s": 3.1, "start_s": 3.4, "stop_s": 2.9}
+    (tmp_path / "fabrics" / "hosts=32,rep=1").mkdir(parents=True)
+    (tmp_path / "fabrics" / "hosts=32,rep=1" / "fabric.json").write_text(json.dumps(record))
+    summary = write_summary(tmp_path)
+    assert "## Fabrics" in summary
+    assert "| hosts=32,rep=1 | 32 | 12 | 64 | 3.1 | 3.4 | 2.9 | 70.5 | 3100.0 |" in summary

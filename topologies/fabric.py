@@ -68,6 +68,8 @@ class Fabric:
         self.processes: list[subprocess.Popen] = []
         self.cleaned: list[str] = []  # what start() removed of a killed fabric, for the caller to say
         self.sysctls_changed: dict[str, tuple] = {}  # machine-wide settings start() raised
+        self.timings: dict[str, float] = {}  # seconds to build the network, start it (until the
+        # controller knows every switch and link), and stop it
         self._lock = None
 
     # -- life cycle ---------------------------------------------------------------------------
@@ -100,10 +102,13 @@ class Fabric:
                            build=False)
         self.net.addController("c0", controller=RemoteController, ip="127.0.0.1",
                                port=self.ofp_port)
+        began = time.monotonic()
         self.net.build()
         self._write_state()
+        built = time.monotonic()
         self.net.start()
         self.wait_fabric()
+        self.timings = {"build_s": built - began, "start_s": time.monotonic() - built}
 
     def stop(self) -> None:
         """Tear down everything this fabric started; safe to call twice or after a failure. Ctrl-C
@@ -117,7 +122,9 @@ class Fabric:
             if self.net is not None:
                 net, self.net = self.net, None
                 try:
+                    began = time.monotonic()
                     net.stop()
+                    self.timings["stop_s"] = time.monotonic() - began
                     for controller in net.controllers:  # RemoteController.stop leaves its shell
                         controller.terminate()
                 except Exception as err:  # keep tearing down; clean-up catches what is left

@@ -202,6 +202,21 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def process_rss_mb(pid: int) -> float | None:
+    try:
+        pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+
+
+def machine_used_mb() -> float:
+    """Memory in use (total minus available), from /proc/meminfo."""
+    info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    kib = int(info["MemTotal"].split()[0]) - int(info["MemAvailable"].split()[0])
+    return round(kib / 1024, 1)
+
+
 def busiest_thread_share(before: dict[int, int], after: dict[int, int], seconds: float) -> float:
     """The largest share of one core a single thread used between two thread_jiffies samples."""
     if seconds <= 0:
