@@ -1,1 +1,2 @@
-"""The Ryu SDN controller of the fabric: decisions in plain modules, OpenFlow in `app.py`."""
+"""The Ryu SDN controller of the fabric: decisions in plain modules, the OpenFlow messages they
+make in `pipeline.py`, Ryu's events and the sending in `app.py`."""

@@ -28,6 +28,10 @@ _shown.maxstring = _shown.maxother = _shown.maxlong = 40
 _shown.maxlevel, _shown.maxlist, _shown.maxdict = 2, 4, 4
 
 
+class CapacityError(Exception):
+    """A well-formed request that would take the controller past one of its limits (409)."""
+
+
 def shown(value: object) -> str:
     """`value` as an error message quotes it: its repr, cut short."""
     return _shown.repr(value)

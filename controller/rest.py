@@ -32,7 +32,8 @@ import eventlet.wsgi
 from ryu.app.wsgi import ControllerBase, Response, WSGIApplication, route
 from ryu.lib import hub
 
-from controller.priority import FlowClass, check_fields, parse_bool, parse_flow_classes, shown
+from controller.priority import (CapacityError, FlowClass, check_fields, parse_bool,
+                                 parse_flow_classes, shown)
 from controller.scheduling import describe_job, parse_job
 
 LOG = logging.getLogger("fabric.rest")
@@ -45,10 +46,6 @@ MAX_JSON_DEPTH = 8        # the deepest valid document nests 4 levels (job, flow
 CLIENT_TIMEOUT_S = 2.0    # to send a request or take an answer; an idle connection is closed
 MAX_CONNECTIONS = 1024    # at once, and at most half the process's file descriptors (see serve)
 YIELD_EVERY_S = 0.01      # a long loop of a request yields to the OpenFlow side this often
-
-
-class CapacityError(Exception):
-    """A well-formed request that would take the controller past one of its limits (409)."""
 
 
 class Refusal(Exception):

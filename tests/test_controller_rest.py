@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from ryu.lib import hub
 from ryu.ofproto import ofproto_v1_5, ofproto_v1_5_parser
 
-from controller.app import MAX_JOBS, FabricController
+from controller.app import FabricController
+from controller.pipeline import MAX_JOBS
 from controller.priority import MAX_FLOWS, MAX_MARKS, FlowClass, parse_bool
 from controller.rest import (MAX_BODY_BYTES, MAX_CONNECTIONS, MAX_JSON_DEPTH, nesting_exceeds,
                              parse_marking, parse_unmarking, serve)
@@ -132,14 +133,14 @@ def test_a_body_not_sent_as_json_is_refused_415(fabric, content_type):
                     content_type=content_type), 415, "Content-Type: ")
     refused(request(fabric, "DELETE", "/fabric/classes", {"flows": [FLOW]},
                     content_type=content_type), 415, "Content-Type: ")
-    assert fabric.flow_classes == [] and fabric.jobs == {}
+    assert fabric.marking.rest == [] and fabric.marking.jobs == {}
 
 
 @pytest.mark.parametrize("content_type", ["application/json", "application/json; charset=utf-8",
                                           "Application/JSON;charset=UTF-8"])
 def test_json_with_parameters_is_taken(fabric, content_type):
     resp = request(fabric, "POST", "/fabric/classes", {"flows": [FLOW]}, content_type=content_type)
-    assert resp.status_int == 200 and len(fabric.flow_classes) == 1
+    assert resp.status_int == 200 and len(fabric.marking.rest) == 1
 
 
 def test_a_post_always_needs_a_json_body(fabric):
@@ -154,7 +155,7 @@ def test_a_foreign_host_header_is_refused_403(fabric, host):
     for method, path, body in [("GET", "/jobs", None), ("DELETE", "/fabric/classes", None),
                                ("POST", "/fabric/classes", {"flows": [FLOW]})]:
         refused(request(fabric, method, path, body, host=host), 403, "Host: ")
-    assert fabric.flow_classes == []
+    assert fabric.marking.rest == []
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1:8080", "localhost:8080", "LOCALHOST:8080"])
@@ -169,7 +170,7 @@ def test_a_cross_site_origin_is_refused_403(fabric, origin):
     refused(request(fabric, "POST", "/fabric/classes", {"flows": [FLOW]}, origin=origin), 403,
             "Origin: ")
     refused(request(fabric, "GET", "/fabric", origin=origin), 403, "Origin: ")
-    assert fabric.flow_classes == []
+    assert fabric.marking.rest == []
 
 
 @pytest.mark.parametrize("origin", ["http://127.0.0.1:8080", "http://localhost:8080"])
@@ -236,7 +237,7 @@ DEEP = b"[" * 100_000 + b"]" * 100_000
 ])
 def test_a_malformed_body_is_refused_400_naming_the_field(fabric, path, body, field):
     refused(request(fabric, "POST", path, body), 400, field)
-    assert fabric.flow_classes == [] and fabric.jobs == {} and fabric.errors.count == 0
+    assert fabric.marking.rest == [] and fabric.marking.jobs == {} and fabric.errors.count == 0
 
 
 @pytest.mark.parametrize("body, field", [
@@ -251,7 +252,7 @@ def test_a_malformed_body_is_refused_400_naming_the_field(fabric, path, body, fi
 def test_a_malformed_delete_unmarks_nothing(fabric, body, field):
     assert request(fabric, "POST", "/fabric/classes", {"flows": [FLOW]}).status_int == 200
     refused(request(fabric, "DELETE", "/fabric/classes", body), 400, field)
-    assert len(fabric.flow_classes) == 1
+    assert len(fabric.marking.rest) == 1
 
 
 def test_too_big_a_body_is_refused_413(fabric):
@@ -269,7 +270,7 @@ def test_a_chunked_body_is_refused_411(fabric):
     request(fabric, "POST", "/fabric/classes", {"flows": [FLOW]})
     refused(request(fabric, "DELETE", "/fabric/classes", {"flow": [FLOW]},
                     transfer_encoding="chunked"), 411, "body: ")
-    assert len(fabric.flow_classes) == 1
+    assert len(fabric.marking.rest) == 1
 
 
 def test_a_bug_answers_500_with_one_line_and_is_logged(fabric, monkeypatch, caplog):
@@ -302,11 +303,11 @@ def test_marks_in_all_are_bounded_409(fabric):
     for first in range(0, MAX_MARKS, MAX_FLOWS):
         assert request(fabric, "POST", "/fabric/classes",
                        {"flows": flows(MAX_FLOWS, first)}).status_int == 200
-    assert len(fabric.flow_classes) == MAX_MARKS
+    assert len(fabric.marking.rest) == MAX_MARKS
     refused(request(fabric, "POST", "/fabric/classes", {"flows": flows(1, MAX_MARKS)}), 409,
             "flows: ")
     refused(request(fabric, "POST", "/jobs", job_doc()), 409, "flows: ")
-    assert len(fabric.flow_classes) == MAX_MARKS and fabric.jobs == {}, "nothing changed"
+    assert len(fabric.marking.rest) == MAX_MARKS and fabric.marking.jobs == {}, "nothing changed"
     assert request(fabric, "POST", "/fabric/classes",
                    {"flows": flows(1), "replace": True}).status_int == 200, "replace frees"
     assert request(fabric, "POST", "/jobs", job_doc()).status_int == 200
@@ -508,7 +509,7 @@ def test_marks_end_as_the_last_request_wants_when_requests_interleave(fabric):
     assert not first.dead
     second = request(fabric, "POST", "/fabric/classes", {"flows": flows(3, 10), "replace": True})
     first.wait()
-    assert second.status_int == 200 and len(fabric.flow_classes) == 3
+    assert second.status_int == 200 and len(fabric.marking.rest) == 3
     assert sorted(leaf1.marks().values()) == [40, 40, 40]
 
 

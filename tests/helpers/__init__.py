@@ -1,0 +1,1 @@
+"""Shared test helpers (import as `helpers.<module>`; tests/ is on sys.path)."""
