@@ -78,5 +78,8 @@ class HostPacer:
         """Of the peers with a datagram of nbytes waiting, the one whose rate lets it leave first (a
         slow peer does not hold up a fast one); reserve its slot at its rate and on the link, and
         return it with the time its datagram may leave."""
-        peer, nbytes = min(heads, key=lambda head: self.rates[head[0]].departure(head[1], now))
+        if len(heads) == 1:
+            (peer, nbytes), = heads
+        else:
+            peer, nbytes = min(heads, key=lambda head: self.rates[head[0]].departure(head[1], now))
         return peer, now + max(self.rates[peer].reserve(nbytes, now), self.link.reserve(nbytes, now))

@@ -89,6 +89,9 @@ class Pass:
     first: bool
     position: int = 0
 
+    def next_length(self, fragment_bytes: int) -> int:
+        return min(fragment_bytes, self.message.payload.size - self.fragments[self.position] * fragment_bytes)
+
 
 class Emission(NamedTuple):
     """One DATA datagram: header and payload, to send from a source socket of `dscp`, not before `at`."""
@@ -147,25 +150,15 @@ class Sender:
 
     @property
     def ready(self) -> bool:
-        """A pass is waiting (next() may still find only released ones)."""
+        """A pass is waiting."""
         return bool(self._passes)
 
     def next(self, now: float) -> Emission | None:
         """The datagram to send next and when it may leave (its slot is reserved); None when nothing waits."""
-        heads = []
-        for peer, passes in list(self._passes.items()):
-            while passes and passes[0].message.released:
-                passes.popleft()
-            if not passes:
-                del self._passes[peer]
-                continue
-            current = passes[0]
-            index = current.fragments[current.position]
-            heads.append((peer, wire.wire_bytes(min(self.fragment_bytes,
-                                                    current.message.payload.size - index * self.fragment_bytes))))
-        if not heads:
+        if not self._passes:
             return None
-        peer, at = self.pacer.schedule(heads, now)
+        peer, at = self.pacer.schedule([(peer, wire.wire_bytes(passes[0].next_length(self.fragment_bytes)))
+                                        for peer, passes in self._passes.items()], now)
         passes = self._passes[peer]
         current = passes[0]
         message, index = current.message, int(current.fragments[current.position])
@@ -249,7 +242,14 @@ class Sender:
         self._passes.pop(peer, None)
 
     def _release(self, ident: tuple[Peer, MessageKey]) -> None:
-        self.outgoing.pop(ident).released = True
+        message = self.outgoing.pop(ident)
+        message.released = True
+        if passes := self._passes.get(message.peer):  # what it had left to send
+            kept = deque(item for item in passes if item.message is not message)
+            if kept:
+                self._passes[message.peer] = kept
+            else:
+                del self._passes[message.peer]
 
     def _queue(self, item: Pass) -> None:
         self._passes.setdefault(item.message.peer, deque()).append(item)
