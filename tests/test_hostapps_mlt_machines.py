@@ -51,7 +51,7 @@ def data(key: MessageKey, index: int, message: bytes, fragment: int = FRAGMENT) 
 def drain(machine: Sender, now: float = 0.0) -> list[Emission]:
     """Every datagram the sender has to send, each pass reported sent as it ends."""
     emissions = []
-    while (emission := machine.next(now)) is not None:
+    while (emission := machine.next_datagram(now)) is not None:
         emissions.append(emission)
         if emission.ends_pass:
             machine.pass_sent(emission.message, now)
@@ -148,7 +148,7 @@ def test_a_first_pass_is_every_fragment_in_order_paced_at_the_link():
     machine = sender()
     message = machine.submit(RECEIVER, KEY, np.frombuffer(MESSAGE, np.uint8).copy(), None)
     emissions = []
-    while (emission := machine.next(now=10.0)) is not None:
+    while (emission := machine.next_datagram(now=10.0)) is not None:
         emissions.append(emission)
     frames = [on_the_wire(e).frame for e in emissions]
     assert [(f.offset, f.length) for f in frames] == [(100 * i, 100) for i in range(10)] + [(1000, 24)]
@@ -205,7 +205,7 @@ def test_a_lost_last_fragment_is_probed_after_the_rto_which_doubles():
     machine = sender()
     message = machine.submit(RECEIVER, KEY, np.frombuffer(MESSAGE, np.uint8).copy(), None)
     drain(machine, now=0.0)
-    assert machine.tick(RTO_S - 0.001) == [] and machine.next(RTO_S - 0.001) is None
+    assert machine.tick(RTO_S - 0.001) == [] and machine.next_datagram(RTO_S - 0.001) is None
     assert machine.tick(RTO_S) == []
     probe, = drain(machine, now=RTO_S)
     assert on_the_wire(probe).frame.offset == 1000 and not probe.first and machine.stats.probes == 1
@@ -229,10 +229,10 @@ def test_a_message_unacknowledged_for_the_timeout_fails_its_peer_and_feedback_de
 def test_an_ack_releases_the_message_and_what_it_had_left_to_send():
     machine = sender()
     message = machine.submit(RECEIVER, KEY, np.frombuffer(MESSAGE, np.uint8).copy(), None)
-    machine.next(0.0)
+    machine.next_datagram(0.0)
     ack = datagram(wire.feedback(RECEIVER, JOB, KEY, codec.KIND_ACK, 1024, FRAGMENT, 1024))
     machine.on_feedback(RECEIVER, ack, now=0.01)
-    assert message.released and machine.outgoing == {} and machine.next(0.01) is None
+    assert message.released and machine.outgoing == {} and machine.next_datagram(0.01) is None
     machine.on_feedback(RECEIVER, ack, now=0.02)  # a duplicate ACK
     assert machine.stats.late_feedback == 1
 
@@ -244,7 +244,7 @@ def test_feedback_on_another_grid_or_size_is_counted_and_ignored():
     machine.on_feedback(RECEIVER, nack(MESSAGE, [1], fragment=50), now=0.01)
     machine.on_feedback(RECEIVER, datagram(wire.feedback(RECEIVER, JOB, KEY, codec.KIND_ACK, 1000, FRAGMENT, 1000)),
                         now=0.01)
-    assert machine.stats.mismatched == 2 and machine.next(0.01) is None and len(machine.outgoing) == 1
+    assert machine.stats.mismatched == 2 and machine.next_datagram(0.01) is None and len(machine.outgoing) == 1
 
 
 def test_a_bye_releases_the_peers_unacknowledged_messages_only():
@@ -252,7 +252,7 @@ def test_a_bye_releases_the_peers_unacknowledged_messages_only():
     payload = np.frombuffer(MESSAGE, np.uint8).copy()
     gone = [machine.submit(RECEIVER, KEY._replace(tensor=t), payload, None) for t in range(2)]
     kept = machine.submit(OTHER, KEY, payload, None)
-    machine.next(0.0)
+    machine.next_datagram(0.0)
     machine.forget(RECEIVER)
     assert all(m.released for m in gone) and not kept.released and list(machine.outgoing) == [(OTHER, KEY)]
     assert {e.peer for e in drain(machine)} == {OTHER}
@@ -265,7 +265,7 @@ def test_a_peers_passes_take_turns():
     drain(machine)
     machine.submit(RECEIVER, KEY._replace(tensor=2), payload, None)
     machine.on_feedback(RECEIVER, nack(MESSAGE, [1, 2, 3]), now=0.01)  # loss bound 0: all three are resent
-    assert [on_the_wire(machine.next(0.01)).frame.tensor for _ in range(6)] == [2, 1, 2, 1, 2, 1]
+    assert [on_the_wire(machine.next_datagram(0.01)).frame.tensor for _ in range(6)] == [2, 1, 2, 1, 2, 1]
 
 
 def test_one_send_loop_interleaves_peers_and_a_slow_peer_does_not_hold_up_a_fast_one():
@@ -273,10 +273,10 @@ def test_one_send_loop_interleaves_peers_and_a_slow_peer_does_not_hold_up_a_fast
     payload = np.zeros(100 * FRAGMENT, np.uint8)
     for peer in (RECEIVER, OTHER):
         machine.submit(peer, KEY, payload, None)
-    order = [machine.next(now=0.0).peer for _ in range(6)]
+    order = [machine.next_datagram(now=0.0).peer for _ in range(6)]
     assert order == [RECEIVER, OTHER] * 3  # equal rates: turns
     machine.advise(OTHER, 1.0)  # OTHER's receiver advises the floor: 1/20 of the link
-    order = [machine.next(now=0.0).peer for _ in range(40)]
+    order = [machine.next_datagram(now=0.0).peer for _ in range(40)]
     assert 1 <= order.count(OTHER) <= 3
 
 
@@ -308,7 +308,7 @@ def exchange(values: np.ndarray, loss_bound: float, lost) -> tuple[Delivery, Sen
     now, delivered = 0.0, []
     while tx.outgoing:
         assert now < 600, "no progress"
-        if (emission := tx.next(now)) is not None:
+        if (emission := tx.next_datagram(now)) is not None:
             now = max(now, emission.at)
             if emission.ends_pass:
                 tx.pass_sent(emission.message, now)

@@ -2,9 +2,9 @@
 
 No sockets, threads or clock of its own.  The transport submits each message, hands it its peers'
 ACKs, NACKs and rate advice and a tick, all with the time, and asks it for the next datagram to
-emit: of the peers with datagrams waiting, the one whose rate lets it leave first (HostPacer), with
-its DSCP and the time it may leave.  A peer's pending passes (a message's first pass, the resends a
-NACK asks for, probes) take turns datagram by datagram.
+emit (next_datagram): of the peers with datagrams waiting, the one whose rate lets it leave first
+(HostPacer), with its DSCP and the time it may leave.  A peer's pending passes (a message's first
+pass, the resends a NACK asks for, probes) take turns datagram by datagram.
 
 A message is kept until its receiver ACKs it.  A NACK is answered with just enough of the fragments
 it names to bring the message within its loss bound (unmarked ones first); a message that hears
@@ -153,12 +153,12 @@ class Sender:
         """A pass is waiting."""
         return bool(self._passes)
 
-    def next(self, now: float) -> Emission | None:
+    def next_datagram(self, now: float) -> Emission | None:
         """The datagram to send next and when it may leave (its slot is reserved); None when nothing waits."""
         if not self._passes:
             return None
-        peer, at = self.pacer.schedule([(peer, wire.wire_bytes(passes[0].next_length(self.fragment_bytes)))
-                                        for peer, passes in self._passes.items()], now)
+        peer, at = self.pacer.schedule([(waiting, wire.wire_bytes(passes[0].next_length(self.fragment_bytes)))
+                                        for waiting, passes in self._passes.items()], now)
         passes = self._passes[peer]
         current = passes[0]
         message, index = current.message, int(current.fragments[current.position])

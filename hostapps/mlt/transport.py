@@ -239,7 +239,7 @@ class MltTransport(Transport):
         try:
             while not self._stopped.is_set() and not done():
                 now = time.monotonic()
-                emission = self._sender.next(now)
+                emission = self._sender.next_datagram(now)
                 if emission is None:
                     return
                 self._lock.release()
