@@ -310,6 +310,15 @@ def test_loss_within_the_bound_completes_without_retransmission(loopback_address
     close_pair(sender, receiver)
 
 
+def test_sending_to_a_process_that_is_no_peer_fails_alone(loopback_addresses):
+    sender, receiver = transport_pair(loopback_addresses)
+    with pytest.raises(TransportError, match="worker9 is not a peer of worker0"):
+        sender.send(Peer("worker", 9), KEY, np.ones(10, np.float32))
+    sender.send(RECEIVER, KEY, np.ones(10, np.float32))
+    assert receiver.recv(SENDER, KEY, np.empty(10, np.float32)) == 1.0
+    close_pair(sender, receiver)
+
+
 def test_an_aborting_peer_fails_the_other_fast_and_a_dead_one_within_the_timeout(loopback_addresses):
     sender, receiver = transport_pair(loopback_addresses, timeout=1.0)
     started = time.monotonic()

@@ -195,6 +195,8 @@ class MltTransport(Transport):
     # --- sending
 
     def send(self, peer: Peer, key: MessageKey, array: np.ndarray) -> None:
+        if peer not in self._peers.addresses:  # a caller's bug: fail the call, not the send loop that would meet it
+            raise TransportError(f"{peer} is not a peer of {self.me}")
         self._check_peer(peer)
         if array.nbytes > self.options.max_message_bytes:  # the receiver would drop it: a bug in computing the cap
             raise TransportError(f"{describe_key(key)} for {self._peers.names[peer]} has {array.nbytes} bytes, more "
