@@ -1,4 +1,5 @@
 """mlt's sender and receiver state machines without sockets, threads or a real clock: events in, actions out."""
+import math
 import random
 
 import numpy as np
@@ -10,7 +11,7 @@ from hostapps.mlt import MltOptions, MltStats, wire
 from hostapps.mlt.pacing import LINK_SHARE, PACING_BURST_S, HostPacer
 from hostapps.mlt.peers import Peers
 from hostapps.mlt.receiver import ACTIVE_WINDOW_S, Delivery, Receiver, Reply
-from hostapps.mlt.sender import LE_DSCP, MAX_RTO_S, RTO_S, Emission, Failure, Sender
+from hostapps.mlt.sender import LE_DSCP, MAX_RTO_S, RTO_S, Emission, Failure, Outgoing, Sender
 from hostapps.transport import MessageKey, Peer
 
 SENDER, RECEIVER, OTHER = Peer("worker", 0), Peer("server", 0), Peer("worker", 1)
@@ -48,14 +49,27 @@ def data(key: MessageKey, index: int, message: bytes, fragment: int = FRAGMENT) 
     return datagram(codec.encode_datagram_header(frame, index, fragment) + payload)
 
 
+def first_pass(machine: Sender, message: Outgoing, now: float = 0.0) -> list[Emission]:
+    """The message's first pass as its caller sends it, reported sent at its end."""
+    emissions = []
+    while (emission := machine.first_datagram(message, now)) is not None:
+        emissions.append(emission)
+    machine.pass_sent(message, now)
+    return emissions
+
+
 def drain(machine: Sender, now: float = 0.0) -> list[Emission]:
-    """Every datagram the sender has to send, each pass reported sent as it ends."""
+    """Every resend and probe the sender has to send, each pass reported sent as it ends."""
     emissions = []
     while (emission := machine.next_datagram(now)) is not None:
         emissions.append(emission)
         if emission.ends_pass:
             machine.pass_sent(emission.message, now)
     return emissions
+
+
+def submit(machine: Sender, peer: Peer = RECEIVER, key: MessageKey = KEY, payload: bytes | None = None) -> Outgoing:
+    return machine.submit(peer, key, np.frombuffer(MESSAGE if payload is None else payload, np.uint8).copy(), None)
 
 
 def feedback_of(actions) -> list[codec.Datagram]:
@@ -146,9 +160,9 @@ def test_each_sender_heard_lately_is_advised_its_share():
 
 def test_a_first_pass_is_every_fragment_in_order_paced_at_the_link():
     machine = sender()
-    message = machine.submit(RECEIVER, KEY, np.frombuffer(MESSAGE, np.uint8).copy(), None)
+    message = submit(machine)
     emissions = []
-    while (emission := machine.next_datagram(now=10.0)) is not None:
+    while (emission := machine.first_datagram(message, now=10.0)) is not None:
         emissions.append(emission)
     frames = [on_the_wire(e).frame for e in emissions]
     assert [(f.offset, f.length) for f in frames] == [(100 * i, 100) for i in range(10)] + [(1000, 24)]
@@ -158,26 +172,28 @@ def test_a_first_pass_is_every_fragment_in_order_paced_at_the_link():
     link = LINK_SHARE * 100e6 / 8
     assert emissions[-1].at == pytest.approx(10 + sum(wire.wire_bytes(f.length) for f in frames) / link
                                              - PACING_BURST_S)
-    assert not message.sent and message.busy
+    assert message.busy and message.probe_at == math.inf and machine.next_datagram(10.0) is None
     machine.pass_sent(message, now=10.02)
-    assert message.sent and message.probe_at == pytest.approx(10.02 + RTO_S)
+    assert not message.busy and message.probe_at == pytest.approx(10.02 + RTO_S)
 
 
-def nack(message: bytes, missing: list[int], fragment: int = FRAGMENT) -> codec.Datagram:
+def nack(message: bytes, missing: list[int], fragment: int = FRAGMENT, key: MessageKey = KEY) -> codec.Datagram:
     received = np.ones(wire.fragment_count(len(message), fragment), dtype=bool)
     received[missing] = False
     bitmap = wire.missing_bitmap(received)
     delivered = len(message) - sum(len(message[i * fragment:(i + 1) * fragment]) for i in missing)
-    return datagram(wire.feedback(RECEIVER, JOB, KEY, codec.KIND_NACK, len(message), fragment, delivered,
+    return datagram(wire.feedback(RECEIVER, JOB, key, codec.KIND_NACK, len(message), fragment, delivered,
                                   bitmap=bitmap))
 
 
 def test_a_nack_produces_just_enough_resends_and_a_busy_message_is_not_served_twice():
     machine = sender(loss_bound=0.1)  # 1024 bytes: 102 may be missing
-    message = machine.submit(RECEIVER, KEY, np.frombuffer(MESSAGE, np.uint8).copy(), None)
+    message = submit(machine)
     machine.on_feedback(RECEIVER, nack(MESSAGE, [2, 5, 10]), now=0.0)  # during the first pass: ignored
-    assert len(drain(machine)) == 11
+    assert len(first_pass(machine, message)) == 11 and drain(machine) == []
     machine.on_feedback(RECEIVER, nack(MESSAGE, [2, 5, 10]), now=0.01)  # 224 missing: 122 short of the bound
+    assert machine.ready
+    machine.on_feedback(RECEIVER, nack(MESSAGE, [2, 5, 10]), now=0.011)  # the resends are not out yet: ignored
     resent = drain(machine)
     assert [on_the_wire(e).frame.offset for e in resent] == [200, 500]
     assert not any(e.first for e in resent) and resent[-1].ends_pass
@@ -190,11 +206,9 @@ def test_a_nack_resends_important_fragments_first_and_never_marks_them():
     machine = sender(loss_bound=0.1, drop_marking=True)
     marked = machine.lower_effort(values)
     assert list(np.flatnonzero(marked)) == [3]
-    machine.submit(RECEIVER, KEY, values.view(np.uint8).copy(), marked)
-    first = drain(machine)
+    first = first_pass(machine, machine.submit(RECEIVER, KEY, values.view(np.uint8).copy(), marked))
     assert [e.dscp for e in first if e.lower_effort] == [LE_DSCP] and first[3].lower_effort
-    payload = values.tobytes()
-    machine.on_feedback(RECEIVER, nack(payload, [3, 6]), now=0.01)  # 100 bytes short: one fragment, the unmarked
+    machine.on_feedback(RECEIVER, nack(values.tobytes(), [3, 6]), now=0.01)  # 100 bytes short: one fragment
     assert [(on_the_wire(e).frame.offset, e.lower_effort) for e in drain(machine)] == [(600, False)]
     assert sender(drop_marking=True).lower_effort(values) is None  # no loss bound: nothing may go
     assert Sender(RECEIVER, JOB, options(loss_bound=0.1, drop_marking=True), TIMEOUT,
@@ -203,8 +217,8 @@ def test_a_nack_resends_important_fragments_first_and_never_marks_them():
 
 def test_a_lost_last_fragment_is_probed_after_the_rto_which_doubles():
     machine = sender()
-    message = machine.submit(RECEIVER, KEY, np.frombuffer(MESSAGE, np.uint8).copy(), None)
-    drain(machine, now=0.0)
+    message = submit(machine)
+    first_pass(machine, message, now=0.0)
     assert machine.tick(RTO_S - 0.001) == [] and machine.next_datagram(RTO_S - 0.001) is None
     assert machine.tick(RTO_S) == []
     probe, = drain(machine, now=RTO_S)
@@ -217,8 +231,8 @@ def test_a_lost_last_fragment_is_probed_after_the_rto_which_doubles():
 
 def test_a_message_unacknowledged_for_the_timeout_fails_its_peer_and_feedback_defers_that():
     machine = sender()
-    message = machine.submit(RECEIVER, KEY, np.frombuffer(MESSAGE, np.uint8).copy(), None)
-    drain(machine, now=0.0)
+    message = submit(machine)
+    first_pass(machine, message, now=0.0)
     machine.on_feedback(RECEIVER, nack(MESSAGE, [1]), now=1.0)  # feedback: the peer is alive
     drain(machine, now=1.0)
     assert machine.tick(TIMEOUT + 0.5) == [] and message.deadline == pytest.approx(1.0 + TIMEOUT)
@@ -228,19 +242,21 @@ def test_a_message_unacknowledged_for_the_timeout_fails_its_peer_and_feedback_de
 
 def test_an_ack_releases_the_message_and_what_it_had_left_to_send():
     machine = sender()
-    message = machine.submit(RECEIVER, KEY, np.frombuffer(MESSAGE, np.uint8).copy(), None)
-    machine.next_datagram(0.0)
+    message = submit(machine)
+    first_pass(machine, message)
+    machine.on_feedback(RECEIVER, nack(MESSAGE, [1, 2]), now=0.01)
+    machine.next_datagram(0.01)
     ack = datagram(wire.feedback(RECEIVER, JOB, KEY, codec.KIND_ACK, 1024, FRAGMENT, 1024))
-    machine.on_feedback(RECEIVER, ack, now=0.01)
-    assert message.released and machine.outgoing == {} and machine.next_datagram(0.01) is None
-    machine.on_feedback(RECEIVER, ack, now=0.02)  # a duplicate ACK
+    machine.on_feedback(RECEIVER, ack, now=0.02)
+    assert message.released and machine.outgoing == {} and machine.next_datagram(0.02) is None
+    assert machine.first_datagram(submit(machine, key=KEY._replace(tensor=2)), 0.02) is not None
+    machine.on_feedback(RECEIVER, ack, now=0.03)  # a duplicate ACK
     assert machine.stats.late_feedback == 1
 
 
 def test_feedback_on_another_grid_or_size_is_counted_and_ignored():
     machine = sender()
-    machine.submit(RECEIVER, KEY, np.frombuffer(MESSAGE, np.uint8).copy(), None)
-    drain(machine)
+    first_pass(machine, submit(machine))
     machine.on_feedback(RECEIVER, nack(MESSAGE, [1], fragment=50), now=0.01)
     machine.on_feedback(RECEIVER, datagram(wire.feedback(RECEIVER, JOB, KEY, codec.KIND_ACK, 1000, FRAGMENT, 1000)),
                         now=0.01)
@@ -249,34 +265,37 @@ def test_feedback_on_another_grid_or_size_is_counted_and_ignored():
 
 def test_a_bye_releases_the_peers_unacknowledged_messages_only():
     machine = sender()
-    payload = np.frombuffer(MESSAGE, np.uint8).copy()
-    gone = [machine.submit(RECEIVER, KEY._replace(tensor=t), payload, None) for t in range(2)]
-    kept = machine.submit(OTHER, KEY, payload, None)
-    machine.next_datagram(0.0)
+    gone = [submit(machine, key=KEY._replace(tensor=t)) for t in range(2)]
+    first_pass(machine, gone[0])
+    machine.on_feedback(RECEIVER, nack(MESSAGE, [1, 2], key=gone[0].key), now=0.01)
+    machine.first_datagram(gone[1], 0.01)
+    kept = submit(machine, OTHER)
+    first_pass(machine, kept)
+    machine.on_feedback(OTHER, nack(MESSAGE, [4]), now=0.01)
     machine.forget(RECEIVER)
     assert all(m.released for m in gone) and not kept.released and list(machine.outgoing) == [(OTHER, KEY)]
-    assert {e.peer for e in drain(machine)} == {OTHER}
+    assert machine.first_datagram(gone[1], 0.01) is None  # its caller stops sending
+    assert [(e.peer, on_the_wire(e).frame.offset) for e in drain(machine, 0.01)] == [(OTHER, 400)]
 
 
 def test_a_peers_passes_take_turns():
     machine = sender()
-    payload = np.frombuffer(MESSAGE, np.uint8).copy()
-    machine.submit(RECEIVER, KEY, payload, None)
-    drain(machine)
-    machine.submit(RECEIVER, KEY._replace(tensor=2), payload, None)
-    machine.on_feedback(RECEIVER, nack(MESSAGE, [1, 2, 3]), now=0.01)  # loss bound 0: all three are resent
-    assert [on_the_wire(machine.next_datagram(0.01)).frame.tensor for _ in range(6)] == [2, 1, 2, 1, 2, 1]
+    for tensor in (1, 2):
+        first_pass(machine, submit(machine, key=KEY._replace(tensor=tensor)))
+        machine.on_feedback(RECEIVER, nack(MESSAGE, [1, 2, 3], key=KEY._replace(tensor=tensor)), now=0.01)
+    assert [on_the_wire(machine.next_datagram(0.01)).frame.tensor for _ in range(6)] == [1, 2, 1, 2, 1, 2]
 
 
-def test_one_send_loop_interleaves_peers_and_a_slow_peer_does_not_hold_up_a_fast_one():
+def test_resends_interleave_peers_and_a_slow_peer_does_not_hold_up_a_fast_one():
     machine = sender(link_mbps=1000)
-    payload = np.zeros(100 * FRAGMENT, np.uint8)
+    payload = bytes(100 * FRAGMENT)
     for peer in (RECEIVER, OTHER):
-        machine.submit(peer, KEY, payload, None)
-    order = [machine.next_datagram(now=0.0).peer for _ in range(6)]
+        first_pass(machine, submit(machine, peer, payload=payload), now=10.0)
+        machine.on_feedback(peer, nack(payload, list(range(100))), now=10.0)  # loss bound 0: all of them again
+    order = [machine.next_datagram(now=10.0).peer for _ in range(6)]
     assert order == [RECEIVER, OTHER] * 3  # equal rates: turns
     machine.advise(OTHER, 1.0)  # OTHER's receiver advises the floor: 1/20 of the link
-    order = [machine.next_datagram(now=0.0).peer for _ in range(40)]
+    order = [machine.next_datagram(now=10.0).peer for _ in range(40)]
     assert 1 <= order.count(OTHER) <= 3
 
 
@@ -304,11 +323,11 @@ def exchange(values: np.ndarray, loss_bound: float, lost) -> tuple[Delivery, Sen
     """Send `values` from a Sender to a Receiver, ticking both whenever the sender idles; `lost()` drops each
     datagram either way but RATE advice.  Timeouts so long that only a bug could fail the exchange."""
     tx, rx = sender(1000.0, loss_bound=loss_bound), receiver(1000.0, loss_bound=loss_bound)
-    tx.submit(RECEIVER, KEY, values.view(np.uint8).copy(), None)
+    message = tx.submit(RECEIVER, KEY, values.view(np.uint8).copy(), None)
     now, delivered = 0.0, []
     while tx.outgoing:
         assert now < 600, "no progress"
-        if (emission := tx.next_datagram(now)) is not None:
+        if (emission := tx.first_datagram(message, now) or tx.next_datagram(now)) is not None:
             now = max(now, emission.at)
             if emission.ends_pass:
                 tx.pass_sent(emission.message, now)

@@ -13,7 +13,7 @@ One concept per module; only transport.py has sockets, threads or a clock:
 - pacing: per-peer AIMD rate control and the host-wide pacer that picks which peer sends next;
 - peers: who the peers are, which datagrams count as theirs, their connection's life cycle;
 - options: MltOptions (what a job sets) and MltStats (what a process counts);
-- transport: MltTransport, the thin shell: sockets, one receive loop, one paced send loop.
+- transport: MltTransport, the thin shell: sockets and the threads that carry out what the machines say.
 """
 from hostapps.mlt.options import DEFAULT_MAX_MESSAGE_BYTES, MltOptions, MltStats
 from hostapps.mlt.pacing import RateControl

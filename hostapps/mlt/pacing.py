@@ -6,7 +6,7 @@ sleeps (hostapps.timing.sleep_for) only for waits above PACING_MIN_SLEEP_S: shor
 accumulated, since sleep() is coarse.
 """
 import math
-from typing import Iterable
+from typing import Sequence
 
 from hostapps.transport import Peer
 
@@ -74,12 +74,16 @@ class HostPacer:
     def add(self, peer: Peer) -> None:
         self.rates[peer] = RateControl(self.link_bytes_per_s)
 
-    def schedule(self, heads: Iterable[tuple[Peer, int]], now: float) -> tuple[Peer, float]:
+    def reserve(self, peer: Peer, nbytes: int, now: float) -> float:
+        """Reserve a slot for nbytes to `peer` at its rate and on the link; return when they may leave."""
+        return now + max(self.rates[peer].reserve(nbytes, now), self.link.reserve(nbytes, now))
+
+    def schedule(self, heads: Sequence[tuple[Peer, int]], now: float) -> tuple[Peer, float]:
         """Of the peers with a datagram of nbytes waiting, the one whose rate lets it leave first (a
-        slow peer does not hold up a fast one); reserve its slot at its rate and on the link, and
-        return it with the time its datagram may leave."""
+        slow peer does not hold up a fast one); reserve its slot, and return it with the time its
+        datagram may leave."""
         if len(heads) == 1:
             (peer, nbytes), = heads
         else:
             peer, nbytes = min(heads, key=lambda head: self.rates[head[0]].departure(head[1], now))
-        return peer, now + max(self.rates[peer].reserve(nbytes, now), self.link.reserve(nbytes, now))
+        return peer, self.reserve(peer, nbytes, now)

@@ -1,10 +1,11 @@
 """The sending end of mlt as a state machine: messages, feedback and clock ticks in, datagrams out.
 
 No sockets, threads or clock of its own.  The transport submits each message, hands it its peers'
-ACKs, NACKs and rate advice and a tick, all with the time, and asks it for the next datagram to
-emit (next_datagram): of the peers with datagrams waiting, the one whose rate lets it leave first
-(HostPacer), with its DSCP and the time it may leave.  A peer's pending passes (a message's first
-pass, the resends a NACK asks for, probes) take turns datagram by datagram.
+ACKs, NACKs and rate advice and a tick, all with the time, and asks it for datagrams to emit, each
+with its DSCP and the time it may leave (its slot reserved at its peer's rate and on the host's
+link, HostPacer): a message's first pass datagram by datagram (first_datagram), and the resends
+and probes of every peer (next_datagram): of the peers with some waiting, the one whose rate lets
+it leave first; a peer's pending passes take turns.
 
 A message is kept until its receiver ACKs it.  A NACK is answered with just enough of the fragments
 it names to bring the message within its loss bound (unmarked ones first); a message that hears
@@ -68,29 +69,29 @@ class Outgoing:
     payload: np.ndarray             # uint8 copy: the caller may reuse its array
     marked: np.ndarray | None       # per fragment: send with LE_DSCP
     dscp: int
+    fragments: int                  # in its first pass: all of them, at least one
+    handed_out: int = 0             # of its first pass
     deadline: float = math.inf      # no feedback by then: the peer is gone
     probe_at: float = math.inf
     rto: float = RTO_S
-    busy: bool = True               # a pass is queued or being sent
+    busy: bool = True               # a pass is being sent or waits
     rated: bool = False             # its loss was already fed to the rate control
-    sent: bool = False              # a pass (the first) has left: send() returns
     released: bool = False          # ACKed, or its peer closed or failed: nothing more to send
     view: memoryview = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.view = memoryview(self.payload)
 
+    def length(self, index: int, fragment_bytes: int) -> int:
+        return min(fragment_bytes, self.payload.size - index * fragment_bytes)
+
 
 @dataclass
 class Pass:
-    """Fragments of one message to send in order: its first pass, a NACK's resends or a probe."""
+    """Fragments of a message to send again, in order: a NACK's resends or a probe."""
     message: Outgoing
     fragments: Sequence[int]
-    first: bool
     position: int = 0
-
-    def next_length(self, fragment_bytes: int) -> int:
-        return min(fragment_bytes, self.message.payload.size - self.fragments[self.position] * fragment_bytes)
 
 
 class Emission(NamedTuple):
@@ -142,33 +143,40 @@ class Sender:
         return None
 
     def submit(self, peer: Peer, key: MessageKey, payload: np.ndarray, marked: np.ndarray | None) -> Outgoing:
-        """A message to send: kept, and its first pass queued."""
-        message = Outgoing(peer, key, payload, marked, self.tensor_dscp.get(key.tensor, self._dscp.get(peer, 0)))
+        """A message to send: kept until ACKed; its first pass is handed out by first_datagram."""
+        message = Outgoing(peer, key, payload, marked, self.tensor_dscp.get(key.tensor, self._dscp.get(peer, 0)),
+                           max(1, wire.fragment_count(payload.size, self.fragment_bytes)))
         self.outgoing[(peer, key)] = message
-        self._queue(Pass(message, range(max(1, wire.fragment_count(payload.size, self.fragment_bytes))), True))
         return message
+
+    def first_datagram(self, message: Outgoing, now: float) -> Emission | None:
+        """The next datagram of the message's first pass, in order, and when it may leave (its slot is
+        reserved); None once all are handed out, or the message was released."""
+        if message.released or message.handed_out == message.fragments:
+            return None
+        index = message.handed_out
+        message.handed_out += 1
+        at = self.pacer.reserve(message.peer, wire.wire_bytes(message.length(index, self.fragment_bytes)), now)
+        return self._emission(message, index, at, True, message.handed_out == message.fragments)
 
     @property
     def ready(self) -> bool:
-        """A pass is waiting."""
+        """A resend or a probe waits."""
         return bool(self._passes)
 
     def next_datagram(self, now: float) -> Emission | None:
-        """The datagram to send next and when it may leave (its slot is reserved); None when nothing waits."""
+        """The resend or probe datagram to send next, of whichever peer, and when it may leave (its slot is
+        reserved); None when none waits."""
         if not self._passes:
             return None
-        peer, at = self.pacer.schedule([(waiting, wire.wire_bytes(passes[0].next_length(self.fragment_bytes)))
-                                        for waiting, passes in self._passes.items()], now)
+        peer, at = self.pacer.schedule(
+            [(waiting, wire.wire_bytes(passes[0].message.length(passes[0].fragments[passes[0].position],
+                                                                   self.fragment_bytes)))
+             for waiting, passes in self._passes.items()], now)
         passes = self._passes[peer]
         current = passes[0]
-        message, index = current.message, int(current.fragments[current.position])
+        index = int(current.fragments[current.position])
         current.position += 1
-        total = message.payload.size
-        offset = index * self.fragment_bytes
-        length = min(self.fragment_bytes, total - offset)
-        frame = wire.data_frame(self.me, self.job, message.key, offset, length, total)
-        header = codec.encode_datagram_header(frame, next(self._sequence) & 0xFFFFFFFF, self.fragment_bytes)
-        lower = current.first and message.marked is not None and bool(message.marked[index])
         ends = current.position == len(current.fragments)
         if ends:
             passes.popleft()
@@ -176,13 +184,20 @@ class Sender:
             passes.rotate(-1)  # the peer's other passes take their turn
         if not passes:
             del self._passes[peer]
-        return Emission(peer, frame, header, message.view[offset:offset + length], LE_DSCP if lower else message.dscp,
-                        lower, at, message, current.first, ends)
+        return self._emission(current.message, index, at, False, ends)
+
+    def _emission(self, message: Outgoing, index: int, at: float, first: bool, ends: bool) -> Emission:
+        offset = index * self.fragment_bytes
+        length = message.length(index, self.fragment_bytes)
+        frame = wire.data_frame(self.me, self.job, message.key, offset, length, message.payload.size)
+        header = codec.encode_datagram_header(frame, next(self._sequence) & 0xFFFFFFFF, self.fragment_bytes)
+        lower = first and message.marked is not None and bool(message.marked[index])
+        return Emission(message.peer, frame, header, message.view[offset:offset + length],
+                        LE_DSCP if lower else message.dscp, lower, at, message, first, ends)
 
     def pass_sent(self, message: Outgoing, now: float) -> None:
         """A pass has left (or failed): arm the probe timer; the message may be served again."""
         message.busy = False
-        message.sent = True
         message.probe_at = now + message.rto
         message.deadline = min(message.deadline, now + self.timeout)  # only feedback extends it
 
@@ -216,7 +231,7 @@ class Sender:
                                          - wire.allowed_missing_bytes(frame.total, self.loss_bound))
             self.stats.fragments_retransmitted += len(resend)
             if len(resend):
-                self._queue(Pass(message, resend, False))
+                self._queue(Pass(message, resend))
             else:
                 self.pass_sent(message, now)
 
@@ -231,12 +246,11 @@ class Sender:
                 message.busy = True
                 message.rto = min(MAX_RTO_S, 2 * message.rto)
                 self.stats.probes += 1
-                self._queue(Pass(message, [max(0, wire.fragment_count(message.payload.size, self.fragment_bytes) - 1)],
-                                 False))
+                self._queue(Pass(message, [message.fragments - 1]))
         return failures
 
     def forget(self, peer: Peer) -> None:
-        """Drop every message kept for `peer` (it closed or failed) and whatever it had left to send."""
+        """Drop every message kept for `peer` (it closed or failed) and whatever they had left to send."""
         for ident in [ident for ident in self.outgoing if ident[0] == peer]:
             self._release(ident)
         self._passes.pop(peer, None)

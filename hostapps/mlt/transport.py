@@ -3,18 +3,22 @@
 Each process has one home socket at its --workers/--servers address, where its peers' data and
 control datagrams (ACK/NACK, RATE, HELLO/BYE/ABORT) all arrive, and pools of source sockets, one per
 DSCP in use, of --sport-range sockets each: every data datagram leaves from one drawn at random, so
-a fabric that hashes the UDP 5-tuple sprays a message over every path.  Two loops per process:
+a fabric that hashes the UDP 5-tuple sprays a message over every path.
 
-- the receive loop (a thread) reads the home socket, drops what is not a trusted peer's (Peers),
+- The receive loop (a thread) reads the home socket, drops what is not a trusted peer's (Peers),
   feeds data to the Receiver, feedback and advice to the Sender, and ticks both every half quiet
-  period;
-- the send loop takes the Sender's datagrams one by one, every peer's, sleeps
-  (hostapps.timing.sleep_for) until each may leave, and sends it.  One thread runs it at a time: the
-  send thread, or a send() caller while the loop is idle.
+  period.
+- send() submits a message to the Sender and sends its first pass from the calling thread, each
+  datagram once the slot the Sender reserved for it comes (hostapps.timing.sleep_for), and returns
+  when the pass has left.  A send thread sends every peer's resends and probes the same way.  The
+  Sender is the one place that paces and orders: the threads only wait and send.
 
-send() queues a message and returns once its first pass has left; recv() takes what the Receiver
-delivered.  A failure while handling one datagram is a bug: counted (internal_errors, in
-summary.json) and reported once, but the loops go on.
+One thread sending the first passes too (tried) halved the pacing sleeps, but each message then had
+to wake its caller, and the link idled whenever that one thread waited for the GIL: on loopback a
+3-worker PS iteration took 8-12% longer, for 4-11% less CPU per datagram.
+
+A failure while handling one datagram is a bug: counted (internal_errors, in summary.json) and
+reported once, but the loops go on.
 """
 import errno
 import random
@@ -69,13 +73,13 @@ class MltTransport(Transport):
         self.mailbox = Mailbox(self._peers.names)
         self._receiver = Receiver(me, job, self.options, timeout, self.stats)  # the receive loop's alone
         self._sender = Sender(me, job, self.options, timeout, self.stats)
-        # _lock guards what several threads share: the Sender, the peers' life cycle and _driving.  The send
-        # thread waits on _work (a pass queued); callers on _progress (a pass left, feedback, HELLO, BYE, a failure).
+        # _lock guards what several threads share: the Sender and the peers' life cycle.  The send thread
+        # waits on _work (a resend or probe queued); callers on _progress (feedback, HELLO, BYE, a failure).
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)
         self._progress = threading.Condition(self._lock)
-        self._pools: dict[int, list[socket.socket]] = {}  # the send loop's
-        self._driving = False  # a thread runs the send loop (_drive)
+        self._pools: dict[int, list[socket.socket]] = {}
+        self._pool_lock = threading.Lock()
         self._bug_reported = False
         self._stopped = threading.Event()
         self._home = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -195,7 +199,7 @@ class MltTransport(Transport):
     # --- sending
 
     def send(self, peer: Peer, key: MessageKey, array: np.ndarray) -> None:
-        if peer not in self._peers.addresses:  # a caller's bug: fail the call, not the send loop that would meet it
+        if peer not in self._peers.addresses:  # a caller's bug: fail the call, not the send thread that would meet it
             raise TransportError(f"{peer} is not a peer of {self.me}")
         self._check_peer(peer)
         if array.nbytes > self.options.max_message_bytes:  # the receiver would drop it: a bug in computing the cap
@@ -207,54 +211,38 @@ class MltTransport(Transport):
         start = time.time()
         with self._lock:
             message = self._sender.submit(peer, key, payload, marked)
-            while not (message.sent or message.released):
+            while (emission := self._sender.first_datagram(message, now := time.monotonic())) is not None:
                 if self._stopped.is_set():
                     raise TransportError(f"{self.me}: transport closed while sending {describe_key(key)}")
-                if self._driving:
-                    self._progress.wait()
-                else:
-                    self._drive(lambda: message.sent or message.released)
-        self._check_peer(peer)  # released unsent: the peer failed (or closed, which is no error)
+                self._send_one(emission, now)
+        self._check_peer(peer)  # released before its first pass was out: the peer failed (or closed: no error)
         if self._log:
             self._log(key.iteration, key.tensor, key.step, payload.size, "send", peer, start, time.time(), 1.0)
 
     def _send_loop(self) -> None:
-        """Drive the send loop whenever datagrams wait and no send() caller drives it."""
+        """The send thread: every peer's resends and probes, as the Sender orders them."""
         try:
             with self._lock:
                 while not self._stopped.is_set():
-                    if self._driving or not self._sender.ready:
+                    now = time.monotonic()
+                    if (emission := self._sender.next_datagram(now)) is None:
                         self._work.wait()
                     else:
-                        self._drive(lambda: False)
+                        self._send_one(emission, now)
         except BaseException as e:  # a bug here must fail the job, not look like a silent peer
             if not self._stopped.is_set():
                 for peer in self._peers.addresses:
                     self._fail_peer(peer, f"is unreachable: {self.me} sender failed ({e!r})")
 
-    def _drive(self, done: Callable[[], bool]) -> None:
-        """The paced send loop, with _lock held (released while sleeping and sending): send the Sender's
-        datagrams, every peer's, each once it may leave, until done() or none is left.  One thread drives at
-        a time: the send thread, or a send() caller while it is idle, which spares each message two thread
-        hand-offs (each up to a GIL switch interval, 5 ms, while another thread computes)."""
-        self._driving = True
+    def _send_one(self, emission: Emission, now: float) -> None:
+        """With _lock held (released meanwhile): pace and send one datagram; report its pass when it ends it."""
+        self._lock.release()
         try:
-            while not self._stopped.is_set() and not done():
-                now = time.monotonic()
-                emission = self._sender.next_datagram(now)
-                if emission is None:
-                    return
-                self._lock.release()
-                try:
-                    self._pace_and_emit(emission, now)
-                finally:
-                    self._lock.acquire()
-                if emission.ends_pass:
-                    self._sender.pass_sent(emission.message, time.monotonic())
-                    self._progress.notify_all()
+            self._pace_and_emit(emission, now)
         finally:
-            self._driving = False
-            self._wake_sender()  # the send thread takes over what is left
+            self._lock.acquire()
+        if emission.ends_pass:
+            self._sender.pass_sent(emission.message, time.monotonic())
 
     def _pace_and_emit(self, emission: Emission, now: float) -> None:
         """Wait until the datagram may leave (its slot was reserved at `now`), then send it."""
@@ -290,9 +278,10 @@ class MltTransport(Transport):
         self.stats.datagrams_marked += emission.lower_effort
 
     def _pool(self, dscp: int) -> list[socket.socket]:
-        if dscp not in self._pools:
-            self._pools[dscp] = _dscp_socket_pool(self.listen_address[0], self.options.sport_range, dscp)
-        return self._pools[dscp]
+        with self._pool_lock:
+            if dscp not in self._pools:
+                self._pools[dscp] = _dscp_socket_pool(self.listen_address[0], self.options.sport_range, dscp)
+            return self._pools[dscp]
 
     def _control(self, peer: Peer, kind: int, step: int = 0) -> None:
         self._send_control(peer, wire.control(self.me, self.job, kind, step))
@@ -398,8 +387,8 @@ class MltTransport(Transport):
             self._fail_peer(failure.peer, failure.reason)
 
     def _wake_sender(self) -> None:
-        """With _lock held: the send thread drives if a pass waits (a NACK's resends, a probe) and nobody does."""
-        if self._sender.ready and not self._driving:
+        """With _lock held: the send thread goes on when a resend or probe waits."""
+        if self._sender.ready:
             self._work.notify()
 
     def _act(self, actions: Sequence[Action], now: float) -> None:
