@@ -93,6 +93,9 @@ class Pass:
     fragments: Sequence[int]
     position: int = 0
 
+    def next_index(self) -> int:
+        return int(self.fragments[self.position])
+
 
 class Emission(NamedTuple):
     """One DATA datagram: header and payload, to send from a source socket of `dscp`, not before `at`."""
@@ -169,13 +172,12 @@ class Sender:
         reserved); None when none waits."""
         if not self._passes:
             return None
-        peer, at = self.pacer.schedule(
-            [(waiting, wire.wire_bytes(passes[0].message.length(passes[0].fragments[passes[0].position],
-                                                                   self.fragment_bytes)))
-             for waiting, passes in self._passes.items()], now)
+        heads = [(waiting, wire.wire_bytes(passes[0].message.length(passes[0].next_index(), self.fragment_bytes)))
+                 for waiting, passes in self._passes.items()]
+        peer, at = self.pacer.schedule(heads, now)
         passes = self._passes[peer]
         current = passes[0]
-        index = int(current.fragments[current.position])
+        index = current.next_index()
         current.position += 1
         ends = current.position == len(current.fragments)
         if ends:

@@ -74,7 +74,7 @@ class MltTransport(Transport):
         self._receiver = Receiver(me, job, self.options, timeout, self.stats)  # the receive loop's alone
         self._sender = Sender(me, job, self.options, timeout, self.stats)
         # _lock guards what several threads share: the Sender and the peers' life cycle.  The send thread
-        # waits on _work (a resend or probe queued); callers on _progress (feedback, HELLO, BYE, a failure).
+        # waits on _work (a resend or probe queued); connect() and close() on _progress (a HELLO, an ACK, a BYE).
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)
         self._progress = threading.Condition(self._lock)
@@ -119,8 +119,8 @@ class MltTransport(Transport):
         with self._lock:
             while missing := set(peers) - self._peers.heard:
                 if time.monotonic() >= deadline:
-                    raise TransportError("%s never answered within %.1f s" % (
-                        ", ".join(self._peers.names[p] for p in sorted(missing)), self.timeout))
+                    raise TransportError(f"{', '.join(self._peers.names[p] for p in sorted(missing))} never answered "
+                                         f"within {self.timeout:.1f} s")
                 for peer in missing:
                     self._control(peer, codec.KIND_HELLO)
                 self._progress.wait(HELLO_INTERVAL_S)
@@ -375,11 +375,11 @@ class MltTransport(Transport):
             self._fail_peer(peer, "aborted")
 
     def _on_data(self, peer: Peer, datagram: codec.Datagram, now: float) -> None:
-        self._act(self._receiver.on_data(peer, datagram, now), now)
+        self._act(self._receiver.on_data(peer, datagram, now))
 
     def _tick(self, now: float) -> None:
         """The timers of both machines."""
-        self._act(self._receiver.tick(now), now)
+        self._act(self._receiver.tick(now))
         with self._lock:
             failures = self._sender.tick(now)
             self._wake_sender()
@@ -391,17 +391,17 @@ class MltTransport(Transport):
         if self._sender.ready:
             self._work.notify()
 
-    def _act(self, actions: Sequence[Action], now: float) -> None:
+    def _act(self, actions: Sequence[Action]) -> None:
         for action in actions:
             if isinstance(action, Reply):
                 self._send_control(action.peer, action.datagram)
             else:
-                self._deliver(action, now)
+                self._deliver(action)
 
-    def _deliver(self, delivery: Delivery, now: float) -> None:
+    def _deliver(self, delivery: Delivery) -> None:
         peer, key, message = delivery
-        if self._log:
+        if self._log:  # from its first fragment to now (its ACK is out), in wall-clock time
             end = time.time()
             self._log(key.iteration, key.tensor, key.step, message.total, "recv", peer,
-                      end - (now - message.first_arrival), end, message.delivered_fraction)
+                      end - (time.monotonic() - message.first_arrival), end, message.delivered_fraction)
         self.mailbox.put(peer, key, message)  # type: ignore[arg-type]  # recv() knows what it gets
