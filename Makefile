@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 # chromium: the live view's test renders the page headless
-DEB_PACKAGES := mininet openvswitch-switch iperf3 iperf iputils-ping ethtool nftables chromium
+DEB_PACKAGES := mininet openvswitch-switch iperf3 iperf iputils-ping ethtool nftables chromium openssh-client
 SPEC ?= experiments/default.yaml
 OUT ?=
 PYTEST_ARGS ?=

@@ -1,12 +1,14 @@
 """Start the fabric controller: `python -m controller --lb {ecmp,spray,single} [...]`.
 
-Listens on 127.0.0.1 only, refuses to start when a port is taken (two ryu-managers can share a
+Listens on 127.0.0.1 only (OpenFlow on another address of this machine with --ofp-host, for the
+switches of a fabric across servers: topologies/cluster.py), refuses to start when a port is taken (two ryu-managers can share a
 port through SO_REUSEPORT and switches then attach to the stale one), stops cleanly on SIGTERM.
 """
 from __future__ import annotations
 
 import argparse
 import errno
+import ipaddress
 import os
 import signal
 import socket
@@ -34,7 +36,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lb", default="ecmp", choices=LB_MODES,
                         help="ecmp: per-flow select groups; spray: per-packet (dp_hash over the "
                              "5-tuple incl. UDP ports); single: one path per destination")
-    parser.add_argument("--ofp-port", type=int, default=6653, help="OpenFlow port (127.0.0.1)")
+    parser.add_argument("--ofp-host", default="127.0.0.1",
+                        help="OpenFlow address: 127.0.0.1, or this machine's address on the network of a "
+                             "fabric's other servers")
+    parser.add_argument("--ofp-port", type=int, default=6653, help="OpenFlow port")
     parser.add_argument("--rest-port", type=int, default=8080, help="REST port (127.0.0.1)")
     parser.add_argument("--stats-interval", type=float, default=1.0,
                         help="seconds between port/group statistics polls")
@@ -49,6 +54,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         value = getattr(args, name)
         if not 0 < value < 65536:
             parser.error(f"--{name.replace('_', '-')}: {value} is not allowed (1..65535)")
+    try:
+        ipaddress.IPv4Address(args.ofp_host)
+    except ValueError:
+        parser.error(f"--ofp-host: {args.ofp_host!r} is not allowed (an IPv4 address of this machine)")
     if args.ofp_port == args.rest_port:
         parser.error("--rest-port: must differ from --ofp-port")
     if args.stats_interval <= 0:
@@ -58,16 +67,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    for flag, port in (("--ofp-port", args.ofp_port), ("--rest-port", args.rest_port)):
-        if port_in_use(port):
-            sys.exit(f"error: {flag}: port {port} on 127.0.0.1 is already in use "
+    for flag, host, port in (("--ofp-port", args.ofp_host, args.ofp_port),
+                             ("--rest-port", "127.0.0.1", args.rest_port)):
+        if port_in_use(port, host):
+            sys.exit(f"error: {flag}: port {port} on {host} is already in use "
                      "(another controller? stop it, run `make clean-net`, or pick another port)")
     import controller.manager  # noqa: F401  (the eventlet shim, before Ryu is imported)
     import controller.flags  # noqa: F401  (our options, before Ryu parses the arguments)
     from ryu.cmd.manager import main as ryu_main
 
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # stats CSV is flushed per poll
-    ryu_args = ["--ofp-listen-host", "127.0.0.1", "--ofp-tcp-listen-port", str(args.ofp_port),
+    ryu_args = ["--ofp-listen-host", args.ofp_host, "--ofp-tcp-listen-port", str(args.ofp_port),
                 "--wsapi-host", "127.0.0.1", "--wsapi-port", str(args.rest_port),
                 "--fabric-lb", args.lb, "--fabric-stats-interval", str(args.stats_interval),
                 "--fabric-stats-csv", args.stats_csv, "--fabric-hosts-file", args.hosts_file]

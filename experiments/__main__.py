@@ -1,4 +1,4 @@
-"""Command line: `python -m experiments run|validate|plot ...` (see --help)."""
+"""Command line: `python -m experiments run|validate|plan|plot ...` (see --help)."""
 from __future__ import annotations
 
 import argparse
@@ -30,6 +30,11 @@ def _parser() -> argparse.ArgumentParser:
     validate = commands.add_parser("validate", help="check a spec and list its runs (no root needed)")
     validate.add_argument("spec", help="YAML spec file")
     validate.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
+
+    plan = commands.add_parser("plan", help="where each fabric's nodes land on the cluster's servers and the "
+                               "traffic one iteration sends between servers (no root needed)")
+    plan.add_argument("spec", help="YAML spec file")
+    plan.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
 
     plot = commands.add_parser("plot", help="redraw the plots of a results directory from its CSVs")
     plot.add_argument("dir", type=Path, help="results directory (holding runs.csv)")
@@ -70,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "validate":
         print(run_list(spec))
+        return 0
+    if args.command == "plan":
+        from experiments.plan import plan_text
+        print(plan_text(spec))
         return 0
     if args.resume and args.out is None:
         print("run: --resume needs --out, the directory to resume", file=sys.stderr)

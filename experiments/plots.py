@@ -68,6 +68,30 @@ def iteration_time(tables: dict[str, pd.DataFrame], path: Path) -> Path | None:
     return _save(figure, path)
 
 
+def scaling(tables: dict[str, pd.DataFrame], path: Path) -> Path | None:
+    """Iteration time against the number of workers, with the analytical lower bound: drawn when
+    the runs have more than one fabric size (experiments/scale.yaml). Runs that failed the fidelity
+    guard are hollow."""
+    runs = tables["runs"].dropna(subset=["iter_time_mean_s"])
+    if runs.empty or runs.groupby("mode")["workers"].nunique().max() < 2:
+        return None
+    figure, panels = _panels(runs)
+    for ax, mode_runs in panels:
+        for ok, marker_face in ((True, "tab:blue"), (False, "none")):
+            chosen = mode_runs[mode_runs["fidelity_ok"].eq(True) == ok]
+            ax.scatter(chosen["workers"], chosen["iter_time_mean_s"], edgecolors="tab:blue", facecolors=marker_face,
+                       label="measured" if ok else "measured, guard failed")
+        means = mode_runs.groupby("workers")[["iter_time_mean_s", "lower_bound_s"]].mean()
+        ax.plot(means.index, means["iter_time_mean_s"], color="tab:blue")
+        ax.plot(means.index, means["lower_bound_s"], color="black", linestyle="--", marker="_", label="lower bound")
+        ax.set_xticks(means.index)
+        ax.set_xlabel("workers")
+        ax.set_ylabel("iteration time (s)")
+        ax.set_ylim(bottom=0)
+        ax.legend()
+    return _save(figure, path)
+
+
 def accuracy(tables: dict[str, pd.DataFrame], path: Path) -> Path | None:
     """Test accuracy against wall-clock time since each run's first iteration, every run."""
     iterations = tables["iterations"]
@@ -137,6 +161,7 @@ def link_utilization(tables: dict[str, pd.DataFrame], path: Path) -> Path | None
 PLOTS: dict[str, Callable[[dict[str, pd.DataFrame], Path], Path | None]] = {
     "iteration_time": iteration_time,
     "accuracy": accuracy,
+    "scaling": scaling,
     "tensor_cdf": tensor_cdf,
     "link_utilization": link_utilization,
 }

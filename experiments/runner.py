@@ -50,6 +50,7 @@ from experiments.sampler import FabricSampler
 from experiments.spec import Run, Spec, Topology
 from hostapps.config import ProcessConfig, Training, build_model, process_arguments
 from hostapps.mlt import payload_for_mtu
+from topologies import cluster
 from topologies.cleanup import REPO
 from topologies.fabric import Fabric, FabricError, kill_group
 from topologies.machine import (MachineError, machine_used_mb, prepare, process_rss_mb,
@@ -67,6 +68,7 @@ ITERATION_LINE = re.compile(r"^iteration \d+/\d+ (\d+\.\d+)$", re.M)  # the rank
 @dataclass
 class JobProcess:
     name: str  # <host>-<role><rank>, its process directory's name
+    host: str
     popen: subprocess.Popen
     stdout: Path
     stderr: Path
@@ -89,9 +91,11 @@ def run_experiment(spec: Spec, out_dir: Path, resume: bool, live_port: int | Non
 
 def _run_experiment(spec: Spec, out_dir: Path, resume: bool, live: LiveView | None) -> int:
     try:
+        for servers in sorted({tuple(run.config.cluster.servers) for run in spec.runs if run.config.cluster.servers}):
+            cluster.check_servers(list(servers))  # before this machine is touched
         for tcp_cc in sorted({run.topology.tcp_cc for run in spec.runs}):
             prepare(tcp_cc)  # before meta.json records the machine's settings
-    except MachineError as error:
+    except (MachineError, cluster.ClusterError) as error:
         sys.exit(f"run: {error}")
     try:
         out = start_output(out_dir, spec, resume)
@@ -125,7 +129,9 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def _fabric_key(run: Run) -> tuple:
     """Runs with equal keys can share a fabric."""
-    return run.topology, run.controller.lb, run.controller.stats_interval_s
+    servers = run.config.cluster
+    return (run.topology, run.controller.lb, run.controller.stats_interval_s, tuple(servers.servers),
+            servers.placement)
 
 
 def _topo_params(topology: Topology) -> dict:
@@ -147,8 +153,9 @@ def run_on_fabric(out: Path, runs: list[Run], progress: Progress) -> None:
     fab, memory = None, None
     try:
         with Fabric(first.topology.kind, _topo_params(first.topology), lb=first.controller.lb,
-                    workdir=workdir, stats_csv=stats_csv,
-                    stats_interval=first.controller.stats_interval_s) as fab:
+                    workdir=workdir, stats_csv=stats_csv, stats_interval=first.controller.stats_interval_s,
+                    servers=first.config.cluster.servers or None,
+                    placement=first.config.cluster.placement) as fab:
             for line in fab.cleaned:
                 print(f"run: removed a stale fabric's leftover: {line}", file=sys.stderr)
             fab.wait_reachable()
@@ -185,7 +192,12 @@ def fabric_record(fab: Fabric) -> dict:
     fabrics/<first run>/fabric.json, with its build, start and stop times)."""
     layout = fab.topo.layout
     pid = vswitchd_pid()
+    where = {node.name: cluster.server_of(node) for node in fab.net.hosts + fab.net.switches}
     return {"hosts": len(layout.hosts), "switches": len(layout.switches), "links": len(layout.links),
+            "servers": {server: sorted(name for name in where if where[name] == server)
+                        for server in dict.fromkeys(where.values())},
+            "crossing_links": len(cluster.crossing_links(layout, where)),
+            "placement": fab.placement if fab.servers else None,  # None: Mininet's own classes, no cluster
             "vswitchd_rss_mb": process_rss_mb(pid) if pid else None, "machine_used_mb": machine_used_mb()}
 
 
@@ -266,6 +278,7 @@ def run_once(fab: Fabric, out: Path, run: Run, rates: pd.DataFrame, stats_csv: P
             schedule.stop()
             for process in processes:
                 kill_group(process.popen)
+                cluster.kill_remote(fab.host(process.host), rf"--job {job_number}( |$)")
         watch.check(now=math.inf)  # the run's end: is the controller still there?
         if watch.jobs:
             unregister_job(fab, job_id)
@@ -275,7 +288,8 @@ def run_once(fab: Fabric, out: Path, run: Run, rates: pd.DataFrame, stats_csv: P
         raise
     end_s = time.time()
     problems = fab.controller_problems()[known_problems:]
-    error = "; ".join(filter(None, [error, *schedule.errors,
+    fetched = [cluster.fetch(fab.host(process.host), str(process.stdout.parent)) for process in processes]
+    error = "; ".join(filter(None, [error, *fetched, *schedule.errors,
                                     *(f"controller: {line}" for line in problems[:1])]))
     write_csv(rates, path / "port_rates.csv")
     write_port_slice(stats_csv, path / "ports.csv", start_s, end_s, run.controller.stats_interval_s)
@@ -367,12 +381,13 @@ def launch_job(fab: Fabric, out: Path, run: Run, layer_dscp: dict[int, int],
     for role, rank, host in roles:
         directory = process_dir(out, run.run_id, host, role, rank)
         directory.mkdir(parents=True)
+        cluster.make_dir(fab.host(host), str(directory))
         stdout, stderr = directory / "stdout.log", directory / "stderr.log"
         with open(stdout, "w") as out_file, open(stderr, "w") as err_file:
             cfg = process_config(run, role, rank, ip, out=str(directory), job=job_number, layer_dscp=dscp)
             argv = [sys.executable, "-m", "hostapps", role, *process_arguments(cfg)]
             popen = fab.popen(host, argv, cwd=REPO, stdout=out_file, stderr=err_file)
-        processes.append(JobProcess(directory.name, popen, stdout, stderr))
+        processes.append(JobProcess(directory.name, host, popen, stdout, stderr))
     return processes
 
 

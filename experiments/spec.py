@@ -42,6 +42,7 @@ from hostapps import schema
 from hostapps.config import U32, Training, check_training
 from hostapps.mlt import payload_for_mtu
 from hostapps.schema import SchemaError, knob, one_line, section, show
+from topologies.cluster import LOCAL, PLACERS, ClusterError, placement
 from topologies.layout import MAX_PER_TIER, Layout, fat_tree, leaf_spine
 from topologies.machine import DEFAULT_TCP_CC, available_tcp_cc
 from topologies.shaping import DEFAULT_MTU, MAX_MTU, MIN_MTU
@@ -55,6 +56,7 @@ CONFIG_COLUMNS = {
 RESERVED_COLUMNS = {"run_id", "rep", "workers", "faults", "data_gaps", *METRIC_COLUMNS}
 LABEL_PATTERN = re.compile(r"[A-Za-z0-9_.+-]+")
 AXIS_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+SERVER_PATTERN = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})")  # a DNS name or an IPv4 address
 
 # What one spec may ask for. Reading: a small text file whose values, YAML aliases expanded, are
 # few and shallow (the shipped specs: under 3 KB, 200 values, 8 levels). PyYAML's pure-Python
@@ -153,6 +155,17 @@ class Controller:
         lambda x: 0.1 <= x <= 60)
 
 
+@dataclass(frozen=True)
+class Cluster:
+    """The machines the fabric runs on (topologies/cluster.py, docs/cluster.md); none listed: this one."""
+    servers: list[str] = knob(
+        [], f"[] for this machine alone, or distinct server names, the first {LOCAL} (it runs the controller "
+        "and keeps the results)",
+        lambda v: v == [] or (_unique_names(v) and v[0] == LOCAL
+                              and all(isinstance(name, str) and SERVER_PATTERN.fullmatch(name) for name in v)))
+    placement: str = knob("switchbin", choices=lambda: list(PLACERS))
+
+
 @dataclass(frozen=True, kw_only=True)
 class Job(Training):
     """The training job: the host apps' knobs, where it runs, and the accuracy it aims for."""
@@ -197,6 +210,7 @@ class RunConfig:
     """Everything one run needs: the fabric, the controller, the job and the disturbances."""
     topology: Topology = section(Topology)
     controller: Controller = section(Controller)
+    cluster: Cluster = section(Cluster)
     job: Job = section(Job)
     background: list[Flow] = knob(
         [], f"a list of at most {MAX_FLOWS} flows: their iperf3 ports stay below the job's",
@@ -342,6 +356,12 @@ def check_config(config: RunConfig) -> None:
     check_training(job, lambda name: f"job.{name}", SpecError)
     check_loss_bound_granularity(config)
     topology = config.topology
+    if config.cluster.servers:
+        try:
+            placement(layout_of(topology), config.cluster.servers, config.cluster.placement)
+        except ClusterError as error:
+            path, _, problem = str(error).partition(": ")
+            raise SpecError(path, problem) from None
     if topology.kind == "fattree" and topology.fabric_bw != topology.host_bw:
         raise not_allowed("topology.fabric_bw", topology.fabric_bw,
                           f"the host_bw {topology.host_bw:g}: all links of a fat-tree have one rate")

@@ -160,18 +160,20 @@ def render(out_dir: str | Path) -> str:
     return "\n".join(lines + _fabrics(Path(out_dir)))
 
 
-FABRIC_COLUMNS = ["first run", "hosts", "switches", "links", "build (s)", "start (s)", "stop (s)",
-                  "ovs-vswitchd RSS (MB)", "machine memory used (MB)"]
+FABRIC_COLUMNS = ["first run", "hosts", "switches", "links", "servers", "crossing links", "build (s)", "start (s)",
+                  "stop (s)", "ovs-vswitchd RSS (MB)", "machine memory used (MB)"]
 
 
 def _fabrics(out: Path) -> list[str]:
-    """A table of the fabrics the runs used (fabrics/*/fabric.json): size, set-up times, memory."""
+    """A table of the fabrics the runs used (fabrics/*/fabric.json): size, servers and the links
+    between them, set-up times, memory."""
     rows = []
     for path in sorted(out.glob("fabrics/*/fabric.json")):
         record = json.loads(path.read_text())
+        record["servers"] = len(record.get("servers", {})) or "—"
         rows.append([path.parent.name, *(str(record.get(key, "—")) for key in
-                                          ("hosts", "switches", "links", "build_s", "start_s", "stop_s",
-                                           "vswitchd_rss_mb", "machine_used_mb"))])
+                                          ("hosts", "switches", "links", "servers", "crossing_links", "build_s",
+                                           "start_s", "stop_s", "vswitchd_rss_mb", "machine_used_mb"))])
     if not rows:
         return []
     return ["## Fabrics", "", *_markdown(pd.DataFrame(rows, columns=FABRIC_COLUMNS)), ""]

@@ -27,6 +27,8 @@ REPO = Path(__file__).resolve().parent.parent
     (["--ofp-port", "7000", "--rest-port", "7000"], "--rest-port"),
     (["--stats-interval", "0"], "--stats-interval"),
     (["--stats-interval", "-1"], "--stats-interval"),
+    (["--ofp-host", "leaf1"], "--ofp-host"),
+    (["--ofp-host", "10.0.0.256"], "--ofp-host"),
 ])
 def test_bad_arguments_exit_non_zero_naming_the_flag(argv, flag, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -40,7 +42,8 @@ def test_good_arguments():
     args = parse_args(["--lb", "spray", "--ofp-port", "1", "--rest-port", "65535",
                        "--stats-interval", "0.5"])
     assert (args.lb, args.ofp_port, args.rest_port, args.stats_interval) == ("spray", 1, 65535, 0.5)
-    assert parse_args([]).lb == "ecmp"
+    assert (parse_args([]).lb, parse_args([]).ofp_host) == ("ecmp", "127.0.0.1")
+    assert parse_args(["--ofp-host", "192.0.2.7"]).ofp_host == "192.0.2.7"
 
 
 @pytest.fixture

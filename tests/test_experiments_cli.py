@@ -35,19 +35,36 @@ def test_validate_applies_set_and_reports_errors_on_one_line(capsys):
 def test_run_hands_the_validated_spec_to_the_runner(monkeypatch, tmp_path):
     calls = []
     runner = types.ModuleType("experiments.runner")
-    runner.run_experiment = lambda spec, out_dir, resume: calls.append((spec, out_dir, resume))
+    runner.run_experiment = lambda spec, out_dir, resume, live: calls.append((spec, out_dir, resume, live))
     monkeypatch.setitem(sys.modules, "experiments.runner", runner)
     assert main(["run", SMOKE, "--out", str(tmp_path), "--set", "repetitions=2", "--resume"]) == 0
-    (spec, out_dir, resume), = calls
-    assert len(spec.runs) == 4 and out_dir == tmp_path and resume is True
-    assert main(["run", SMOKE]) == 0
-    assert calls[1][1].parent == RESULTS_DIR and calls[1][1].name.startswith("smoke-")
+    (spec, out_dir, resume, live), = calls
+    assert len(spec.runs) == 4 and out_dir == tmp_path and resume is True and live is None
+    assert main(["run", SMOKE, "--live"]) == 0
+    assert calls[1][1].parent == RESULTS_DIR and calls[1][1].name.startswith("smoke-") and calls[1][3] == 8765
+    assert main(["run", SMOKE, "--set", "live=9000"]) == 0
+    assert calls[2][3] == 9000
 
 
 def test_run_rejects_resume_without_out_and_bad_specs(capsys):
     assert main(["run", SMOKE, "--resume"]) == 2
     assert "--resume needs --out" in capsys.readouterr().err
     assert main(["run", SMOKE, "--set", "controller.lb=random"]) == 2
+
+
+def test_plan_prints_placement_crossing_links_and_traffic_per_iteration(capsys):
+    assert main(["plan", SMOKE, "--set", "cluster.servers=[localhost, s2]"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "smoke: 2 runs on 1 fabric(s)"
+    assert "  localhost  2 switches, 2 hosts: leaf1 spine1 h1 h2" in lines
+    assert "  s2         2 switches, 2 hosts: leaf2 spine2 h3 h4" in lines
+    assert "  links crossing servers: 2 of 8 (leaf1-spine2, leaf2-spine1)" in lines
+    # The ring h1 h2 h3 h4 crosses twice (h2->h3, h4->h1), half of each pair over each crossing
+    # link: 2 x 1.5 models in 1.5 models' time at 100 Mbit/s is 200 Mbit/s between the servers.
+    allreduce = next(line for line in lines if line.strip().startswith("mode=allreduce"))
+    assert "->    200.0 Mbit/s (100.0)" in allreduce, allreduce
+    assert main(["plan", SMOKE]) == 0
+    assert "  links crossing servers: 0 of 8" in capsys.readouterr().out
 
 
 def test_plot_needs_a_results_directory(tmp_path, capsys):

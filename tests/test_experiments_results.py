@@ -365,6 +365,16 @@ def test_plots_are_drawn_from_csvs(out):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
 
 
+def test_scaling_plot_only_when_the_runs_have_several_fabric_sizes(tmp_path):
+    from experiments.plots import scaling
+    rows = [dict(mode=mode, workers=workers, iter_time_mean_s=0.1 * workers, lower_bound_s=0.05 * workers,
+                 fidelity_ok=workers != 28) for mode in ("allreduce", "ps") for workers in (8, 16, 32, 28)]
+    runs = pd.DataFrame(rows)
+    assert scaling({"runs": runs[runs["workers"] == 8]}, tmp_path / "one.png") is None
+    path = scaling({"runs": runs}, tmp_path / "scaling.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
 def test_plot_command_redraws(out, capsys):
     for path in (out / "plots").glob("*.png"):
         path.unlink()
@@ -395,9 +405,10 @@ def test_summary_lists_the_fabrics_with_their_set_up_times(tmp_path):
     make_results(tmp_path)
     results.aggregate(tmp_path)
     record = {"hosts": 32, "switches": 12, "links": 64, "vswitchd_rss_mb": 70.5, "machine_used_mb": 3100.0,
-              "build_s": 3.1, "start_s": 3.4, "stop_s": 2.9}
+              "build_s": 3.1, "start_s": 3.4, "stop_s": 2.9, "servers": {"localhost": ["h1"], "s2": ["h2"]},
+              "crossing_links": 24}
     (tmp_path / "fabrics" / "hosts=32,rep=1").mkdir(parents=True)
     (tmp_path / "fabrics" / "hosts=32,rep=1" / "fabric.json").write_text(json.dumps(record))
     summary = write_summary(tmp_path)
     assert "## Fabrics" in summary
-    assert "| hosts=32,rep=1 | 32 | 12 | 64 | 3.1 | 3.4 | 2.9 | 70.5 | 3100.0 |" in summary
+    assert "| hosts=32,rep=1 | 32 | 12 | 64 | 2 | 24 | 3.1 | 3.4 | 2.9 | 70.5 | 3100.0 |" in summary

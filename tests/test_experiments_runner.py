@@ -36,9 +36,23 @@ def test_runner_refuses_to_run_without_root(monkeypatch, tmp_path):
 
 
 @pytest.mark.integration
-def test_smoke_spec_writes_every_result_and_both_modes_train_alike(tmp_path):
+def test_an_unreachable_cluster_server_stops_the_run_before_any_network_exists(tmp_path):
+    out = tmp_path / "out"
+    status, _, stderr = finish(experiments_cli(str(SMOKE), "--out", str(out), "--set",
+                                               "cluster.servers=[localhost, nohost.invalid]", cwd=tmp_path), timeout=60)
+    assert status != 0
+    assert stderr.strip().splitlines()[-1].startswith("run: cluster.servers: nohost.invalid cannot be reached as root "
+                                                      "over SSH"), stderr
+    assert not out.exists() and leftovers() == []
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("cluster", [[], ["--set", "cluster.servers=[localhost]"]], ids=["one-machine", "cluster"])
+def test_smoke_spec_writes_every_result_and_both_modes_train_alike(tmp_path, cluster):
+    """The same results, whether Mininet builds the fabric or its Cluster Edition does (on one server)."""
     out = tmp_path / "smoke"
-    status, stdout, stderr = finish(experiments_cli(str(SMOKE), "--out", str(out), cwd=tmp_path), timeout=240)
+    status, stdout, stderr = finish(experiments_cli(str(SMOKE), "--out", str(out), *cluster, cwd=tmp_path),
+                                    timeout=240)
     assert status == 0, stderr[-2000:]
     assert "# Experiment summary" in stdout and "## allreduce" in stdout and "## ps" in stdout
     for name in ["spec.yaml", "meta.json", "runs.csv", "iterations.csv", "tensors.csv", "links.csv",
@@ -67,6 +81,10 @@ def test_smoke_spec_writes_every_result_and_both_modes_train_alike(tmp_path):
     ps = np.load(out / "runs" / "mode=ps,rep=1" / "h1-worker0" / "model.npz")
     assert set(allreduce.files) == set(ps.files)
     assert max(np.abs(allreduce[name] - ps[name]).max() for name in allreduce.files) < 1e-4
+    fabric, = [json.loads(path.read_text()) for path in out.glob("fabrics/*/fabric.json")]
+    assert fabric["placement"] == ("switchbin" if cluster else None)
+    assert (fabric["servers"], fabric["crossing_links"]) == ({"localhost": ["h1", "h2", "h3", "h4", "leaf1", "leaf2",
+                                                                            "spine1", "spine2"]}, 0)
     assert leftovers() == []
 
 

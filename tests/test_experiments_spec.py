@@ -96,10 +96,16 @@ MALFORMED = [
      "faults.0.loss_percent: 1.0 is not allowed (only with kind loss)"),
     ("faults: [{kind: link_down, link: leaf1-spine1, duration_s: 2}]",
      "faults.0.at_s: missing (seconds after the job starts, 0..86400)"),
+    ("cluster: {servers: [s2, localhost]}",
+     "cluster.servers: [s2, localhost] is not allowed ([] for this machine alone, or distinct server names, the "
+     "first localhost (it runs the controller and keeps the results))"),
+    ("cluster: {servers: [localhost, s2, s3, s4, s5]}",
+     "cluster.placement: switchbin gives every server a switch; 5 servers but 4 switches (list fewer servers or "
+     "use roundrobin)"),
     ("repetitons: 3", "repetitons: unknown field (did you mean repetitions?)"),
     ("repetitions: 0", "repetitions: 0 is not allowed (an integer 1..100)"),
-    ("flavour: x", "flavour: unknown field (allowed: topology, controller, job, background, faults, "
-                   "name, description, repetitions, matrix)"),
+    ("flavour: x", "flavour: unknown field (allowed: topology, controller, cluster, job, background, faults, "
+                   "name, description, repetitions, matrix, live)"),
     ("matrix: {lb: {values: [ecmp, spray]}}",
      "matrix.lb.field: null is not allowed (the dotted field the scalar values set)"),
     ("matrix: {lb: {field: controller.lb, values: [ecmp, sprey]}}",
@@ -109,8 +115,8 @@ MALFORMED = [
     ("matrix: {scheme: {values: {a: {}, b: {}}, baseline: c}}",
      "matrix.scheme.baseline: 'c' is not allowed (one of a, b)"),
     ("matrix: {scheme: {values: {a: {repetitions: 2}}}}",
-     "matrix.scheme.values.a: 'repetitions' is not allowed (fields of topology, controller, job, "
-     "background, faults)"),
+     "matrix.scheme.values.a: 'repetitions' is not allowed (fields of topology, controller, cluster, "
+     "job, background, faults)"),
     ("matrix: {mode: {values: {a: {}}}}",
      "matrix: 'mode' is not allowed (an axis name that is not a runs.csv column, unless it is the "
      "scalar axis over that column's field (job.mode))"),

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hostapps import codec, mlt, worker
+from hostapps import codec, worker
 from hostapps.config import Model, ProcessConfig, build_model
 from hostapps.mlt import (MltOptions, MltTransport, RateControl, Reassembly, fragments_to_resend,
                           least_important_fragments, missing_fragments)
+from hostapps.mlt import pacing, receiver as mlt_receiver, sender as mlt_sender
 from hostapps.transport import MessageKey, Peer, TransportError
 from test_hostapps_training import run_job
 
@@ -127,21 +128,20 @@ def test_drop_marking_picks_the_smallest_fragments_up_to_the_bound():
     assert least_important_fragments(values.astype(np.float64), 100, 0.05) is None
 
 
-def test_rate_control_backs_off_on_loss_and_probes_back_up(monkeypatch):
+def test_rate_control_backs_off_on_loss_and_probes_back_up():
     rate = RateControl(1e6)
-    rate.on_feedback(0.2)
+    rate.on_feedback(0.2, now=1.0)
     assert rate.rate == pytest.approx(0.9e6)
-    rate.on_feedback(1.0)  # the same congestion episode: no second back-off
+    rate.on_feedback(1.0, now=1.0 + pacing.DECREASE_INTERVAL_S / 2)  # the same congestion episode: no second back-off
     assert rate.rate == pytest.approx(0.9e6)
-    monkeypatch.setattr(mlt, "DECREASE_INTERVAL_S", 0.0)
-    for _ in range(20):
-        rate.on_feedback(1.0)
+    for i in range(1, 21):  # one episode a second
+        rate.on_feedback(1.0, now=1.0 + i)
     assert rate.rate == pytest.approx(5e4)  # the floor: 1/20 of the link
     for _ in range(100):
-        rate.on_feedback(0.0)
+        rate.on_feedback(0.0, now=30.0)
     assert rate.rate == 1e6  # never above the link
     waits = [rate.reserve(1000, now=10.0) for _ in range(10)]  # 10 KB at 1 MB/s: 10 ms, minus the burst
-    assert waits[-1] == pytest.approx(0.01 - mlt.PACING_BURST_S)
+    assert waits[-1] == pytest.approx(0.01 - pacing.PACING_BURST_S)
 
 
 def test_receiver_advice_caps_the_rate_and_a_growing_share_lifts_it():
@@ -149,9 +149,9 @@ def test_receiver_advice_caps_the_rate_and_a_growing_share_lifts_it():
     rate.advise(0.25e6)  # four senders share the receiver's link
     assert rate.rate == 0.25e6
     for _ in range(10):
-        rate.on_feedback(0.0)
+        rate.on_feedback(0.0, now=0.0)
     assert rate.rate == 0.25e6  # probing up stops at the advice
-    rate.on_feedback(0.2)  # loss elsewhere on the path
+    rate.on_feedback(0.2, now=0.0)  # loss elsewhere on the path
     assert rate.rate == pytest.approx(0.225e6)
     rate.advise(0.5e6)  # two senders left: the share grows by 0.25e6, the back-off stays
     assert rate.rate == pytest.approx(0.475e6)
@@ -182,7 +182,8 @@ def test_a_receiver_advises_each_of_its_senders_a_fair_share(loopback_addresses)
     # Both 1 MB messages went at once, each paced to about half the receiver's link: 2 MB at 97 Mbit/s
     # take 0.17 s (unadvised, each at its own 100 Mbit/s, 0.08 s).
     assert 0.15 < elapsed < 1.0
-    assert min(s._rates[RECEIVER].advised * 8 / 1e6 for s in senders) == pytest.approx(mlt.LINK_SHARE * 100 / 2)
+    assert min(s._sender.pacer.rates[RECEIVER].advised * 8 / 1e6 for s in senders) == pytest.approx(
+        pacing.LINK_SHARE * 100 / 2)
     for t in [threading.Thread(target=x.close) for x in [receiver, *senders]]:
         t.start()
 
@@ -304,8 +305,17 @@ def test_loss_within_the_bound_completes_without_retransmission(loopback_address
     assert receiver.stats.nacks_sent == 0 and sender.stats.fragments_retransmitted == 0
     assert sender.stats.datagrams_marked == 5
     assert json.loads(json.dumps(sender.counters()))["datagrams_marked"] == 5  # summary.json takes them
-    le_socket = sender._pools[mlt.LE_DSCP][0]
-    assert le_socket.getsockopt(socket.IPPROTO_IP, socket.IP_TOS) == mlt.LE_DSCP << 2
+    le_socket = sender._pools[mlt_sender.LE_DSCP][0]
+    assert le_socket.getsockopt(socket.IPPROTO_IP, socket.IP_TOS) == mlt_sender.LE_DSCP << 2
+    close_pair(sender, receiver)
+
+
+def test_sending_to_a_process_that_is_no_peer_fails_alone(loopback_addresses):
+    sender, receiver = transport_pair(loopback_addresses)
+    with pytest.raises(TransportError, match="worker9 is not a peer of worker0"):
+        sender.send(Peer("worker", 9), KEY, np.ones(10, np.float32))
+    sender.send(RECEIVER, KEY, np.ones(10, np.float32))
+    assert receiver.recv(SENDER, KEY, np.empty(10, np.float32)) == 1.0
     close_pair(sender, receiver)
 
 
@@ -402,8 +412,9 @@ def data_frame(key: MessageKey, offset: int, length: int, total: int, sender: Pe
 
 def test_a_forged_huge_message_is_never_allocated_nor_holds_up_the_real_one(loopback_addresses, monkeypatch):
     allocated = []
-    reassembly = mlt.Reassembly
-    monkeypatch.setattr(mlt, "Reassembly", lambda total, *args: allocated.append(total) or reassembly(total, *args))
+    reassembly = mlt_receiver.Reassembly
+    monkeypatch.setattr(mlt_receiver, "Reassembly",
+                        lambda total, *args: allocated.append(total) or reassembly(total, *args))
     values = np.arange(1000, dtype=np.float32)
     # The job's largest message is exactly this one: a message one float larger is refused too.
     sender, receiver = transport_pair(loopback_addresses, MltOptions(link_mbps=10000, max_message_bytes=values.nbytes),
@@ -441,7 +452,7 @@ def test_datagrams_from_another_host_or_job_are_dropped(loopback_addresses):
 # two of them and a 4000-byte one (4003 bytes).
 @pytest.mark.parametrize("cap, value", [("MAX_INCOMPLETE_MESSAGES", 3), ("INCOMPLETE_BYTES", 2 * 2002 + 4003)])
 def test_a_peers_incomplete_messages_are_capped(loopback_addresses, monkeypatch, cap, value):
-    monkeypatch.setattr(mlt, cap, value)
+    monkeypatch.setattr(mlt_receiver, cap, value)
     sender, receiver = transport_pair(loopback_addresses, MltOptions(link_mbps=10000, max_message_bytes=4000))
     stray = MessageKey(9, 0, 0)
     for tensor in range(5):  # first fragments of 2-fragment messages whose rest does not come
@@ -449,7 +460,7 @@ def test_a_peers_incomplete_messages_are_capped(loopback_addresses, monkeypatch,
     values = np.arange(1000, dtype=np.float32)
     sender.send(RECEIVER, KEY, values)  # its 3 fragments are refused too while three messages are held
     time.sleep(0.05)
-    assert receiver.stats.over_budget == 5 and len(receiver._incoming) == 3
+    assert receiver.stats.over_budget == 5 and len(receiver._receiver.incoming) == 3
     forge(receiver.listen_address, data_frame(stray, 1400, 600, 2000), 1400, bytes(600))  # one completes
     out = np.empty_like(values)  # the sender's probe finds room now
     assert receiver.recv(SENDER, KEY, out) == 1.0 and np.array_equal(out, values)
@@ -487,7 +498,7 @@ def fail_first(method, when=lambda *args, **kwargs: True):
 def test_a_failure_handling_one_datagram_is_counted_and_the_threads_go_on(loopback_addresses, monkeypatch, capsys):
     sender, receiver = transport_pair(loopback_addresses, timeout=3.0)
     monkeypatch.setattr(receiver, "_on_data", fail_first(receiver._on_data))  # as if the first fragment were lost
-    monkeypatch.setattr(sender, "_send_pass", fail_first(sender._send_pass, lambda *args, first=True: not first))
+    monkeypatch.setattr(sender, "_emit", fail_first(sender._emit, lambda emission: not emission.first))
     values = np.arange(1000, dtype=np.float32)
     sender.send(RECEIVER, KEY, values)  # the NACK's retransmission fails once; the next NACK's goes through
     out = np.empty_like(values)

@@ -28,6 +28,8 @@ from mininet.net import Mininet
 from mininet.node import RemoteController
 
 from topologies.cleanup import LOCK_FILE, REPO, STATE_DIR, clean_stale, process_record, write_state
+from topologies.cluster import LOOPBACK, check_servers, cluster_network, controller_address, popen_options
+from topologies.cluster import placement as placement_of
 from topologies.leafspine import TopologyError, topos
 from topologies.machine import MachineError, prepare
 
@@ -49,11 +51,16 @@ class Fabric:
                  ofp_port: int = 6653, rest_port: int = 8080, workdir: str | Path | None = None,
                  stats_csv: str | Path | None = None, stats_interval: float = 1.0,
                  lock_timeout: float = 600.0, own_controller: bool = True,
-                 known_hosts: bool = True) -> None:
+                 known_hosts: bool = True, servers: list[str] | None = None,
+                 placement: str = "switchbin") -> None:
         """own_controller=False: use a controller already listening on ofp_port/rest_port
         (and leave it running), as a user re-running `mn` against one controller does.
         known_hosts: our controller is told every host in advance (routes exist from the start,
-        and again right after a restart); False: it learns them from ARP, as with plain `mn`."""
+        and again right after a restart); False: it learns them from ARP, as with plain `mn`.
+        servers: run the fabric across these machines through Mininet Cluster Edition
+        (topologies/cluster.py), its nodes placed by `placement`; None: this machine alone.
+        A server that cannot be reached or a placement that cannot fit raise ClusterError here,
+        before anything is started."""
         if kind not in topos:
             raise TopologyError(f"kind: {kind!r} is not allowed (one of {', '.join(topos)})")
         self.topo = topos[kind](**(params or {}))  # validates the parameters
@@ -63,6 +70,12 @@ class Fabric:
         self.stats_csv, self.stats_interval = stats_csv, stats_interval
         self.lock_timeout = lock_timeout
         self.own_controller, self.known_hosts = own_controller, known_hosts
+        self.servers, self.placement = servers, placement
+        self.ofp_host = LOOPBACK
+        if servers:
+            placement_of(self.topo.layout, servers, placement)
+            check_servers(servers)
+            self.ofp_host = controller_address(servers)
         self.net: Mininet | None = None
         self.controller: subprocess.Popen | None = None
         self.processes: list[subprocess.Popen] = []
@@ -98,10 +111,12 @@ class Fabric:
         self._write_state()
         if self.own_controller:
             self._start_controller()
-        self.net = Mininet(topo=self.topo, controller=None, autoSetMacs=False, autoStaticArp=False,
-                           build=False)
-        self.net.addController("c0", controller=RemoteController, ip="127.0.0.1",
-                               port=self.ofp_port)
+        options = dict(topo=self.topo, controller=None, autoSetMacs=False, autoStaticArp=False, build=False)
+        if self.servers:
+            self.net = cluster_network(servers=self.servers, method=self.placement, **options)
+        else:
+            self.net = Mininet(**options)
+        self.net.addController("c0", controller=RemoteController, ip=self.ofp_host, port=self.ofp_port)
         began = time.monotonic()
         self.net.build()
         self._write_state()
@@ -182,7 +197,7 @@ class Fabric:
 
     def _start_controller(self) -> None:
         cmd = [controller_python(), "-m", "controller", "--lb", self.lb,
-               "--ofp-port", str(self.ofp_port), "--rest-port", str(self.rest_port),
+               "--ofp-host", self.ofp_host, "--ofp-port", str(self.ofp_port), "--rest-port", str(self.rest_port),
                "--log-file", str(self.controller_log), "--stats-interval", str(self.stats_interval)]
         if self.known_hosts:
             hosts_file = self.workdir / "hosts.json"
@@ -295,7 +310,8 @@ class Fabric:
         """Start a process inside a host; it is killed when the fabric stops. (Mininet's
         `mnexec -d` makes it a session leader; do not pass start_new_session: mnexec then forks
         and the Popen would only see the parent exit at once.)"""
-        proc = self.host(host).popen(cmd, **kwargs)
+        node = self.host(host)
+        proc = node.popen(cmd, **popen_options(node), **kwargs)
         self.processes.append(proc)
         self._write_state()
         return proc

@@ -4,7 +4,7 @@ Only the standard library and Mininet are imported: `mn` runs this under /usr/bi
 """
 from __future__ import annotations
 
-import tempfile
+import shlex
 
 from mininet.link import Intf, Link
 from mininet.node import Host, OVSSwitch
@@ -93,11 +93,10 @@ class ShapedIntf(Intf):
 
     def shape(self) -> None:
         if self.bw is not None:
-            with tempfile.NamedTemporaryFile("w", prefix="tc-", suffix=".batch") as batch:
-                lines = htb_priority_tree(self.name, self.bw, self.queue_bytes, self.mtu)
-                batch.write("\n".join(lines) + "\n")
-                batch.flush()
-                out = self.cmd(f"tc -batch {batch.name} 2>&1")
+            # One tc process for the whole tree, fed through the node's own shell (which may be on
+            # another server: topologies/cluster.py).
+            lines = htb_priority_tree(self.name, self.bw, self.queue_bytes, self.mtu)
+            out = self.cmd(f"printf '%s\\n' {' '.join(map(shlex.quote, lines))} | tc -batch - 2>&1")
             if "rror" in out or "RTNETLINK" in out:
                 raise RuntimeError(f"tc on {self.name} failed: {out.strip()}")
 

@@ -1,0 +1,40 @@
+"""What a job chooses for mlt (MltOptions) and what each process counts (MltStats: summary.json's
+transport counters)."""
+from dataclasses import dataclass, field
+
+DEFAULT_MAX_MESSAGE_BYTES = 64 << 20  # when the job's largest message is not given (the loopback bench's are 4 MB)
+
+
+@dataclass
+class MltOptions:
+    loss_bound: float = 0.0    # fraction of a message's bytes that may stay missing
+    sport_range: int = 128     # source sockets per DSCP pool (fds: one pool per DSCP in use)
+    mtu_payload: int = 1400    # payload bytes per datagram (a multiple of 4)
+    quiet_s: float = 0.005
+    link_mbps: float = 100.0
+    drop_marking: bool = False
+    # DSCP per tensor id (a layer, unless fused) from the controller's scheduling policy;
+    # tensors not in it take the peer's DSCP (set_dscp)
+    tensor_dscp: dict[int, int] = field(default_factory=dict)
+    # the largest message any process of the job sends: a DATA frame declaring more is dropped, not allocated
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+
+
+@dataclass
+class MltStats:
+    datagrams_sent: int = 0
+    datagrams_dropped: int = 0       # by the drop hook
+    datagrams_refused: int = 0       # by the local stack (a firewall drop, a full queue)
+    datagrams_marked: int = 0        # sent with LE_DSCP
+    fragments_retransmitted: int = 0
+    probes: int = 0
+    nacks_sent: int = 0
+    nack_max_delivered: float = 0.0  # highest delivered fraction of a message that was NACKed
+    duplicates: int = 0              # fragments that arrived again: retransmissions that were not needed
+    malformed: int = 0               # not a datagram of our wire format
+    foreign: int = 0                 # another job's, or not from the host of the peer its header names
+    oversized: int = 0               # DATA declaring a message larger than max_message_bytes
+    over_budget: int = 0             # DATA of a new message while its sender's incomplete ones are at their cap
+    mismatched: int = 0              # another size or fragment grid than the message it names
+    late_feedback: int = 0           # ACK/NACK of a message no longer kept (a duplicate, or a forgery)
+    internal_errors: int = 0         # a bug: handling one datagram (or a retransmission) raised

@@ -1,0 +1,271 @@
+"""The sending end of mlt as a state machine: messages, feedback and clock ticks in, datagrams out.
+
+No sockets, threads or clock of its own.  The transport submits each message, hands it its peers'
+ACKs, NACKs and rate advice and a tick, all with the time, and asks it for datagrams to emit, each
+with its DSCP and the time it may leave (its slot reserved at its peer's rate and on the host's
+link, HostPacer): a message's first pass datagram by datagram (first_datagram), and the resends
+and probes of every peer (next_datagram): of the peers with some waiting, the one whose rate lets
+it leave first; a peer's pending passes take turns.
+
+A message is kept until its receiver ACKs it.  A NACK is answered with just enough of the fragments
+it names to bring the message within its loss bound (unmarked ones first); a message that hears
+nothing for its RTO after a pass has its last fragment re-sent (a probe, which makes the receiver
+ACK or NACK it), with the RTO doubling up to MAX_RTO_S; one that hears nothing for the timeout
+fails its peer.  Drop marking sends the least important fragments of a worker's first pass as
+lower-effort (LE_DSCP).  docs/mlt.md has the protocol.
+"""
+import itertools
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+from hostapps import codec
+from hostapps.mlt import wire
+from hostapps.mlt.options import MltOptions, MltStats
+from hostapps.mlt.pacing import HostPacer
+from hostapps.transport import MessageKey, Peer, describe_key
+
+LE_DSCP = 1                    # RFC 8622 lower-effort
+RTO_S = 0.1                    # silence after a send pass before the sender probes
+MAX_RTO_S = 1.0
+
+
+def fragments_to_resend(missing: np.ndarray, marked: np.ndarray | None, total: int, fragment_bytes: int,
+                        short_bytes: int) -> np.ndarray:
+    """The NACKed fragments worth resending: just enough to bring the message within its loss bound
+    (short_bytes more), the important ones first; all of them with loss bound 0.  Resending the marked
+    fragments a drop-marking sender let go would only feed the droppable queue again."""
+    if short_bytes <= 0:
+        return missing[:0]
+    order = missing if marked is None else missing[np.argsort(marked[missing], kind="stable")]
+    sizes = np.minimum(fragment_bytes, total - order * fragment_bytes)
+    return order[:int(np.searchsorted(np.cumsum(sizes), short_bytes)) + 1]
+
+
+def least_important_fragments(values: np.ndarray, fragment_bytes: int, share: float) -> np.ndarray | None:
+    """Per fragment of a float32 gradient: True for the floor(share x fragments) with smallest max |value|."""
+    if values.dtype != np.float32 or values.size == 0:
+        return None
+    per = fragment_bytes // 4
+    count = wire.fragment_count(values.size, per)
+    magnitude = np.zeros(count * per, dtype=np.float32)
+    np.abs(values.reshape(-1), out=magnitude[:values.size])
+    magnitude = magnitude.reshape(count, per).max(axis=1)
+    marked = np.zeros(count, dtype=bool)
+    chosen = math.floor(share * count + 1e-9)
+    if chosen:
+        marked[np.argpartition(magnitude, chosen - 1)[:chosen]] = True
+    return marked
+
+
+@dataclass
+class Outgoing:
+    """A sent message kept until its receiver ACKs it."""
+    peer: Peer
+    key: MessageKey
+    payload: np.ndarray             # uint8 copy: the caller may reuse its array
+    marked: np.ndarray | None       # per fragment: send with LE_DSCP
+    dscp: int
+    fragments: int                  # in its first pass: all of them, at least one
+    handed_out: int = 0             # of its first pass
+    deadline: float = math.inf      # no feedback by then: the peer is gone
+    probe_at: float = math.inf
+    rto: float = RTO_S
+    busy: bool = True               # a pass is being sent or waits
+    rated: bool = False             # its loss was already fed to the rate control
+    released: bool = False          # ACKed, or its peer closed or failed: nothing more to send
+    view: memoryview = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.view = memoryview(self.payload)
+
+    def length(self, index: int, fragment_bytes: int) -> int:
+        return min(fragment_bytes, self.payload.size - index * fragment_bytes)
+
+
+@dataclass
+class Pass:
+    """Fragments of a message to send again, in order: a NACK's resends or a probe."""
+    message: Outgoing
+    fragments: Sequence[int]
+    position: int = 0
+
+    def next_index(self) -> int:
+        return int(self.fragments[self.position])
+
+
+class Emission(NamedTuple):
+    """One DATA datagram: header and payload, to send from a source socket of `dscp`, not before `at`."""
+    peer: Peer
+    frame: codec.Frame
+    header: bytes
+    payload: memoryview
+    dscp: int
+    lower_effort: bool    # a fragment the drop marking lets go (dscp is LE_DSCP)
+    at: float
+    message: Outgoing
+    first: bool           # of the message's first pass, not a resend or a probe
+    ends_pass: bool       # the last of its pass: report pass_sent once it left
+
+
+class Failure(NamedTuple):
+    """A peer that stopped acknowledging."""
+    peer: Peer
+    reason: str
+
+
+class Sender:
+    """Every outgoing message of this process, from submission to its ACK."""
+
+    def __init__(self, me: Peer, job: int, options: MltOptions, timeout: float, stats: MltStats):
+        self.me, self.job, self.timeout, self.stats = me, job, timeout, stats
+        self.fragment_bytes, self.loss_bound = options.mtu_payload, options.loss_bound
+        self.drop_marking, self.tensor_dscp = options.drop_marking, options.tensor_dscp
+        self.pacer = HostPacer(options.link_mbps * 1e6 / 8)
+        self.outgoing: dict[tuple[Peer, MessageKey], Outgoing] = {}
+        self._passes: dict[Peer, deque[Pass]] = {}  # only peers with a pass waiting
+        self._dscp: dict[Peer, int] = {}
+        self._sequence = itertools.count()
+
+    def add_peer(self, peer: Peer) -> None:
+        self.pacer.add(peer)
+
+    def set_dscp(self, peer: Peer, dscp: int) -> None:
+        if not 0 <= dscp < 64:
+            raise ValueError(f"DSCP {dscp} is not in 0..63")
+        self._dscp[peer] = dscp
+
+    def lower_effort(self, values: np.ndarray) -> np.ndarray | None:
+        """Per fragment of a message, whether its first pass sends it LE: only with drop marking, and only a
+        worker's (gradients).  Reads no state that changes: callable outside the transport's lock."""
+        if self.drop_marking and self.loss_bound > 0 and self.me.role == "worker":
+            return least_important_fragments(values, self.fragment_bytes, self.loss_bound)
+        return None
+
+    def submit(self, peer: Peer, key: MessageKey, payload: np.ndarray, marked: np.ndarray | None) -> Outgoing:
+        """A message to send: kept until ACKed; its first pass is handed out by first_datagram."""
+        message = Outgoing(peer, key, payload, marked, self.tensor_dscp.get(key.tensor, self._dscp.get(peer, 0)),
+                           max(1, wire.fragment_count(payload.size, self.fragment_bytes)))
+        self.outgoing[(peer, key)] = message
+        return message
+
+    def first_datagram(self, message: Outgoing, now: float) -> Emission | None:
+        """The next datagram of the message's first pass, in order, and when it may leave (its slot is
+        reserved); None once all are handed out, or the message was released."""
+        if message.released or message.handed_out == message.fragments:
+            return None
+        index = message.handed_out
+        message.handed_out += 1
+        at = self.pacer.reserve(message.peer, wire.wire_bytes(message.length(index, self.fragment_bytes)), now)
+        return self._emission(message, index, at, True, message.handed_out == message.fragments)
+
+    @property
+    def ready(self) -> bool:
+        """A resend or a probe waits."""
+        return bool(self._passes)
+
+    def next_datagram(self, now: float) -> Emission | None:
+        """The resend or probe datagram to send next, of whichever peer, and when it may leave (its slot is
+        reserved); None when none waits."""
+        if not self._passes:
+            return None
+        heads = [(waiting, wire.wire_bytes(passes[0].message.length(passes[0].next_index(), self.fragment_bytes)))
+                 for waiting, passes in self._passes.items()]
+        peer, at = self.pacer.schedule(heads, now)
+        passes = self._passes[peer]
+        current = passes[0]
+        index = current.next_index()
+        current.position += 1
+        ends = current.position == len(current.fragments)
+        if ends:
+            passes.popleft()
+        else:
+            passes.rotate(-1)  # the peer's other passes take their turn
+        if not passes:
+            del self._passes[peer]
+        return self._emission(current.message, index, at, False, ends)
+
+    def _emission(self, message: Outgoing, index: int, at: float, first: bool, ends: bool) -> Emission:
+        offset = index * self.fragment_bytes
+        length = message.length(index, self.fragment_bytes)
+        frame = wire.data_frame(self.me, self.job, message.key, offset, length, message.payload.size)
+        header = codec.encode_datagram_header(frame, next(self._sequence) & 0xFFFFFFFF, self.fragment_bytes)
+        lower = first and message.marked is not None and bool(message.marked[index])
+        return Emission(message.peer, frame, header, message.view[offset:offset + length],
+                        LE_DSCP if lower else message.dscp, lower, at, message, first, ends)
+
+    def pass_sent(self, message: Outgoing, now: float) -> None:
+        """A pass has left (or failed): arm the probe timer; the message may be served again."""
+        message.busy = False
+        message.probe_at = now + message.rto
+        message.deadline = min(message.deadline, now + self.timeout)  # only feedback extends it
+
+    def advise(self, peer: Peer, bytes_per_s: float) -> None:
+        self.pacer.rates[peer].advise(bytes_per_s)
+
+    def on_feedback(self, peer: Peer, datagram: codec.Datagram, now: float) -> None:
+        """An ACK or NACK from `peer`."""
+        frame = datagram.frame
+        key = MessageKey(frame.iteration, frame.tensor, frame.step)
+        message = self.outgoing.get((peer, key))
+        if message is None:  # mostly a duplicate feedback for a message already ACKed
+            self.stats.late_feedback += 1
+            return
+        if frame.total != message.payload.size or (frame.kind == codec.KIND_NACK
+                                                   and datagram.fragment_bytes != self.fragment_bytes):
+            self.stats.mismatched += 1  # a bitmap on another grid would name fragments we do not have
+            return
+        message.deadline = now + self.timeout
+        message.rto = RTO_S
+        if not message.rated:
+            message.rated = True
+            self.pacer.rates[peer].on_feedback(1 - datagram.delivered / frame.total if frame.total else 0.0, now)
+        if frame.kind == codec.KIND_ACK:
+            self._release((peer, key))
+        elif not message.busy:  # a NACK; one already being served is not served twice
+            message.busy = True
+            missing = wire.missing_fragments(datagram.payload, frame.total, self.fragment_bytes)
+            resend = fragments_to_resend(missing, message.marked, frame.total, self.fragment_bytes,
+                                         frame.total - datagram.delivered
+                                         - wire.allowed_missing_bytes(frame.total, self.loss_bound))
+            self.stats.fragments_retransmitted += len(resend)
+            if len(resend):
+                self._queue(Pass(message, resend))
+            else:
+                self.pass_sent(message, now)
+
+    def tick(self, now: float) -> list[Failure]:
+        """Timers: probe messages silent for their RTO; fail the peers of those silent for the timeout."""
+        failures = []
+        for message in self.outgoing.values():
+            if now >= message.deadline:
+                failures.append(Failure(message.peer, f"did not acknowledge {describe_key(message.key)} within "
+                                                      f"{self.timeout:.1f} s"))
+            elif now >= message.probe_at and not message.busy:
+                message.busy = True
+                message.rto = min(MAX_RTO_S, 2 * message.rto)
+                self.stats.probes += 1
+                self._queue(Pass(message, [message.fragments - 1]))
+        return failures
+
+    def forget(self, peer: Peer) -> None:
+        """Drop every message kept for `peer` (it closed or failed) and whatever they had left to send."""
+        for ident in [ident for ident in self.outgoing if ident[0] == peer]:
+            self._release(ident)
+        self._passes.pop(peer, None)
+
+    def _release(self, ident: tuple[Peer, MessageKey]) -> None:
+        message = self.outgoing.pop(ident)
+        message.released = True
+        if passes := self._passes.get(message.peer):  # what it had left to send
+            kept = deque(item for item in passes if item.message is not message)
+            if kept:
+                self._passes[message.peer] = kept
+            else:
+                del self._passes[message.peer]
+
+    def _queue(self, item: Pass) -> None:
+        self._passes.setdefault(item.message.peer, deque()).append(item)

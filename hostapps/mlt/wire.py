@@ -1,0 +1,64 @@
+"""mlt's datagrams as codec frames, and the message grid both ends count in.
+
+hostapps.codec packs and checks every header; this module only says which frame each mlt datagram
+is (a fragment of a message, an ACK or NACK, a control frame) and how a message is cut: into
+fragments of the sender's fragment size, the last one shorter.  docs/mlt.md describes the format.
+"""
+import math
+
+import numpy as np
+
+from hostapps import codec
+from hostapps.transport import MessageKey, Peer
+
+IP_UDP_HEADER_BYTES = 28
+FRAME_OVERHEAD = 42  # UDP + IPv4 + Ethernet headers: what the links' HTB shapers count
+
+
+def payload_for_mtu(mtu: int) -> int:
+    """The largest payload (a multiple of 4: whole floats) whose datagram crosses a path of this MTU
+    unfragmented."""
+    return (mtu - IP_UDP_HEADER_BYTES - codec.DATAGRAM_HEADER_BYTES) // 4 * 4
+
+
+def fragment_count(total: int, fragment_bytes: int) -> int:
+    return -(-total // fragment_bytes)
+
+
+def allowed_missing_bytes(total: int, loss_bound: float) -> int:
+    """The bytes of a `total`-byte message that may stay missing under a loss bound."""
+    return math.floor(loss_bound * total + 1e-9)  # so that 0.29 * 100 allows 29 bytes
+
+
+def wire_bytes(payload_bytes: int) -> int:
+    """What a data datagram with this payload costs on a link: what pacing counts."""
+    return payload_bytes + codec.DATAGRAM_HEADER_BYTES + FRAME_OVERHEAD
+
+
+def data_frame(me: Peer, job: int, key: MessageKey, offset: int, length: int, total: int) -> codec.Frame:
+    return codec.Frame(codec.KIND_DATA, me.role, me.rank, key.step, job, key.iteration, key.tensor, offset, length,
+                       total)
+
+
+def control(me: Peer, job: int, kind: int, step: int = 0, advised_kbps: int = 0) -> bytes:
+    """A HELLO, BYE, ABORT or RATE datagram (step 1 answers a HELLO or a BYE)."""
+    frame = codec.Frame(kind, me.role, me.rank, step, job, 0, 0, 0, 0, 0)
+    return codec.encode_datagram_header(frame, 0, 0, 0, advised_kbps)
+
+
+def feedback(me: Peer, job: int, key: MessageKey, kind: int, total: int, fragment_bytes: int, delivered: int,
+             advised_kbps: int = 0, bitmap: bytes = b"") -> bytes:
+    """An ACK, or a NACK with the bitmap of the missing fragments, of message `key`."""
+    frame = codec.Frame(kind, me.role, me.rank, key.step, job, key.iteration, key.tensor, 0, len(bitmap), total)
+    return codec.encode_datagram_header(frame, 0, fragment_bytes, delivered, advised_kbps) + bitmap
+
+
+def missing_bitmap(received: np.ndarray) -> bytes:
+    """A NACK's bitmap: bit i set when fragment i has not arrived."""
+    return np.packbits(~received, bitorder="little").tobytes()
+
+
+def missing_fragments(bitmap: bytes | memoryview, total: int, fragment_bytes: int) -> np.ndarray:
+    """Fragment indices whose bit is set in a NACK bitmap."""
+    bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8), bitorder="little")
+    return np.flatnonzero(bits[:fragment_count(total, fragment_bytes)])

@@ -1,0 +1,379 @@
+"""mlt's sender and receiver state machines without sockets, threads or a real clock: events in, actions out."""
+import math
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from hostapps import codec
+from hostapps.mlt import MltOptions, MltStats, wire
+from hostapps.mlt.pacing import LINK_SHARE, PACING_BURST_S, HostPacer
+from hostapps.mlt.peers import Peers
+from hostapps.mlt.receiver import ACTIVE_WINDOW_S, Delivery, Receiver, Reply
+from hostapps.mlt.sender import LE_DSCP, MAX_RTO_S, RTO_S, Emission, Failure, Outgoing, Sender
+from hostapps.transport import MessageKey, Peer
+
+SENDER, RECEIVER, OTHER = Peer("worker", 0), Peer("server", 0), Peer("worker", 1)
+KEY = MessageKey(3, 1, 0)
+JOB, TIMEOUT, FRAGMENT = 7, 5.0, 100
+
+
+def options(**changes) -> MltOptions:
+    return MltOptions(**{"mtu_payload": FRAGMENT, "link_mbps": 100.0, **changes})
+
+
+def sender(timeout: float = TIMEOUT, **changes) -> Sender:
+    machine = Sender(SENDER, JOB, options(**changes), timeout, MltStats())
+    machine.add_peer(RECEIVER)
+    machine.add_peer(OTHER)
+    return machine
+
+
+def receiver(timeout: float = TIMEOUT, **changes) -> Receiver:
+    return Receiver(RECEIVER, JOB, options(**changes), timeout, MltStats())
+
+
+def datagram(data: bytes) -> codec.Datagram:
+    return codec.decode_datagram(memoryview(data))
+
+
+def on_the_wire(emission: Emission) -> codec.Datagram:
+    return datagram(emission.header + bytes(emission.payload))
+
+
+def data(key: MessageKey, index: int, message: bytes, fragment: int = FRAGMENT) -> codec.Datagram:
+    """Fragment `index` of `message` as SENDER sends it."""
+    payload = message[index * fragment:(index + 1) * fragment]
+    frame = wire.data_frame(SENDER, JOB, key, index * fragment, len(payload), len(message))
+    return datagram(codec.encode_datagram_header(frame, index, fragment) + payload)
+
+
+def first_pass(machine: Sender, message: Outgoing, now: float = 0.0) -> list[Emission]:
+    """The message's first pass as its caller sends it, reported sent at its end."""
+    emissions = []
+    while (emission := machine.first_datagram(message, now)) is not None:
+        emissions.append(emission)
+    machine.pass_sent(message, now)
+    return emissions
+
+
+def drain(machine: Sender, now: float = 0.0) -> list[Emission]:
+    """Every resend and probe the sender has to send, each pass reported sent as it ends."""
+    emissions = []
+    while (emission := machine.next_datagram(now)) is not None:
+        emissions.append(emission)
+        if emission.ends_pass:
+            machine.pass_sent(emission.message, now)
+    return emissions
+
+
+def submit(machine: Sender, peer: Peer = RECEIVER, key: MessageKey = KEY, payload: bytes | None = None) -> Outgoing:
+    return machine.submit(peer, key, np.frombuffer(MESSAGE if payload is None else payload, np.uint8).copy(), None)
+
+
+def feedback_of(actions) -> list[codec.Datagram]:
+    return [datagram(a.datagram) for a in actions if isinstance(a, Reply)
+            and datagram(a.datagram).frame.kind in (codec.KIND_ACK, codec.KIND_NACK)]
+
+
+MESSAGE = bytes(range(256)) * 4  # 1024 bytes: 11 fragments, the last of 24 bytes
+
+
+# --- receiver
+
+def test_a_whole_message_is_acked_and_delivered_with_the_fair_share_advised():
+    machine = receiver()
+    for index in range(10):
+        assert machine.on_data(SENDER, data(KEY, index, MESSAGE), now=0.001 * index) == ()
+    ack, delivery = machine.on_data(SENDER, data(KEY, 10, MESSAGE), now=0.01)
+    assert ack.peer == SENDER and isinstance(delivery, Delivery)
+    answer = datagram(ack.datagram)
+    assert (answer.frame.kind, answer.frame.total, answer.delivered, answer.fragment_bytes) == (
+        codec.KIND_ACK, 1024, 1024, FRAGMENT)
+    assert answer.advised_kbps == int(LINK_SHARE * 100 * 1000)  # the only active sender: the whole link
+    assert delivery.message.buffer.tobytes() == MESSAGE and machine.incoming == {}
+
+
+def test_a_quiet_message_within_the_bound_completes_and_one_below_it_is_nacked_each_quiet_period():
+    within = receiver(loss_bound=0.1)  # 102 bytes may be missing: one fragment
+    for index in set(range(11)) - {4}:
+        within.on_data(SENDER, data(KEY, index, MESSAGE), now=0.0)
+    assert feedback_of(within.tick(0.004)) == []  # not quiet yet (quiet_s is 5 ms)
+    actions = within.tick(0.005)
+    assert [a.message.delivered for a in actions if isinstance(a, Delivery)] == [924]
+    assert [(f.frame.kind, f.delivered) for f in feedback_of(actions)] == [(codec.KIND_ACK, 924)]
+
+    below = receiver(loss_bound=0.1)
+    for index in set(range(11)) - {4, 7}:
+        below.on_data(SENDER, data(KEY, index, MESSAGE), now=0.0)
+    nack, = feedback_of(below.tick(0.005))
+    assert nack.frame.kind == codec.KIND_NACK and nack.delivered == 824
+    assert list(wire.missing_fragments(nack.payload, 1024, FRAGMENT)) == [4, 7]
+    assert feedback_of(below.tick(0.009)) == []  # one NACK per quiet period
+    assert len(feedback_of(below.tick(0.0101))) == 1 and below.stats.nacks_sent == 2
+
+
+def test_no_decision_before_the_last_fragment_arrives_however_quiet():
+    machine = receiver(loss_bound=0.5)
+    for index in range(10):  # all but the last: within the bound, but the sender may still be sending
+        machine.on_data(SENDER, data(KEY, index, MESSAGE), now=0.0)
+    assert feedback_of(machine.tick(TIMEOUT - 0.01)) == [] and KEY in {key for _, key in machine.incoming}
+    assert machine.tick(TIMEOUT + 0.01) == [] and machine.incoming == {}  # a stray: forgotten after the timeout
+    assert machine._held_messages[SENDER] == 0 and machine._held_bytes[SENDER] == 0
+
+
+def test_a_late_duplicate_is_acked_again_at_most_once_per_quiet_period():
+    machine = receiver()
+    for index in range(11):
+        machine.on_data(SENDER, data(KEY, index, MESSAGE), now=0.0)
+    assert machine.on_data(SENDER, data(KEY, 10, MESSAGE), now=0.001) == ()  # within the quiet period of the ACK
+    ack, = machine.on_data(SENDER, data(KEY, 10, MESSAGE), now=0.006)  # a probe: our ACK was lost
+    assert datagram(ack.datagram).frame.kind == codec.KIND_ACK and datagram(ack.datagram).delivered == 1024
+    assert machine.stats.duplicates == 2
+
+
+def test_oversized_and_over_budget_messages_are_counted_not_held(monkeypatch):
+    machine = receiver(max_message_bytes=1000)
+    assert machine.on_data(SENDER, data(KEY, 0, MESSAGE), now=0.0) == ()  # declares 1024 bytes
+    assert machine.stats.oversized == 1 and machine.incoming == {}
+    monkeypatch.setattr("hostapps.mlt.receiver.MAX_INCOMPLETE_MESSAGES", 2)
+    small = MESSAGE[:300]
+    for tensor in range(3):
+        machine.on_data(SENDER, data(KEY._replace(tensor=tensor), 0, small), now=0.0)
+    assert machine.stats.over_budget == 1 and len(machine.incoming) == 2
+    machine.on_data(OTHER, data(KEY, 0, small), now=0.0)  # the cap is per peer
+    assert len(machine.incoming) == 3
+
+
+def test_each_sender_heard_lately_is_advised_its_share():
+    machine = receiver()
+    machine.on_data(SENDER, data(KEY, 0, MESSAGE), now=0.0)
+    machine.on_data(OTHER, data(KEY, 0, MESSAGE), now=0.1)
+    advice = {a.peer: datagram(a.datagram).advised_kbps for a in machine.tick(0.1)}
+    assert advice == {SENDER: int(LINK_SHARE * 100 * 1000 / 2), OTHER: int(LINK_SHARE * 100 * 1000 / 2)}
+    advice = {a.peer: datagram(a.datagram).advised_kbps for a in machine.tick(ACTIVE_WINDOW_S + 0.01)}
+    assert advice == {OTHER: int(LINK_SHARE * 100 * 1000)}
+
+
+# --- sender
+
+def test_a_first_pass_is_every_fragment_in_order_paced_at_the_link():
+    machine = sender()
+    message = submit(machine)
+    emissions = []
+    while (emission := machine.first_datagram(message, now=10.0)) is not None:
+        emissions.append(emission)
+    frames = [on_the_wire(e).frame for e in emissions]
+    assert [(f.offset, f.length) for f in frames] == [(100 * i, 100) for i in range(10)] + [(1000, 24)]
+    assert b"".join(bytes(e.payload) for e in emissions) == MESSAGE
+    assert [e.ends_pass for e in emissions] == [False] * 10 + [True] and all(e.first for e in emissions)
+    # Slots at the host's link rate, after a burst allowance.
+    link = LINK_SHARE * 100e6 / 8
+    assert emissions[-1].at == pytest.approx(10 + sum(wire.wire_bytes(f.length) for f in frames) / link
+                                             - PACING_BURST_S)
+    assert message.busy and message.probe_at == math.inf and machine.next_datagram(10.0) is None
+    machine.pass_sent(message, now=10.02)
+    assert not message.busy and message.probe_at == pytest.approx(10.02 + RTO_S)
+
+
+def nack(message: bytes, missing: list[int], fragment: int = FRAGMENT, key: MessageKey = KEY) -> codec.Datagram:
+    received = np.ones(wire.fragment_count(len(message), fragment), dtype=bool)
+    received[missing] = False
+    bitmap = wire.missing_bitmap(received)
+    delivered = len(message) - sum(len(message[i * fragment:(i + 1) * fragment]) for i in missing)
+    return datagram(wire.feedback(RECEIVER, JOB, key, codec.KIND_NACK, len(message), fragment, delivered,
+                                  bitmap=bitmap))
+
+
+def test_a_nack_produces_just_enough_resends_and_a_busy_message_is_not_served_twice():
+    machine = sender(loss_bound=0.1)  # 1024 bytes: 102 may be missing
+    message = submit(machine)
+    machine.on_feedback(RECEIVER, nack(MESSAGE, [2, 5, 10]), now=0.0)  # during the first pass: ignored
+    assert len(first_pass(machine, message)) == 11 and drain(machine) == []
+    machine.on_feedback(RECEIVER, nack(MESSAGE, [2, 5, 10]), now=0.01)  # 224 missing: 122 short of the bound
+    assert machine.ready
+    machine.on_feedback(RECEIVER, nack(MESSAGE, [2, 5, 10]), now=0.011)  # the resends are not out yet: ignored
+    resent = drain(machine)
+    assert [on_the_wire(e).frame.offset for e in resent] == [200, 500]
+    assert not any(e.first for e in resent) and resent[-1].ends_pass
+    assert machine.stats.fragments_retransmitted == 2 and not message.busy
+
+
+def test_a_nack_resends_important_fragments_first_and_never_marks_them():
+    values = np.ones(250, np.float32)  # 10 fragments of 100 bytes (25 floats)
+    values[25 * 3:25 * 4] = 1e-6       # fragment 3 is the least important
+    machine = sender(loss_bound=0.1, drop_marking=True)
+    marked = machine.lower_effort(values)
+    assert list(np.flatnonzero(marked)) == [3]
+    first = first_pass(machine, machine.submit(RECEIVER, KEY, values.view(np.uint8).copy(), marked))
+    assert [e.dscp for e in first if e.lower_effort] == [LE_DSCP] and first[3].lower_effort
+    machine.on_feedback(RECEIVER, nack(values.tobytes(), [3, 6]), now=0.01)  # 100 bytes short: one fragment
+    assert [(on_the_wire(e).frame.offset, e.lower_effort) for e in drain(machine)] == [(600, False)]
+    assert sender(drop_marking=True).lower_effort(values) is None  # no loss bound: nothing may go
+    assert Sender(RECEIVER, JOB, options(loss_bound=0.1, drop_marking=True), TIMEOUT,
+                  MltStats()).lower_effort(values) is None  # a server's parameters are never marked
+
+
+def test_a_lost_last_fragment_is_probed_after_the_rto_which_doubles():
+    machine = sender()
+    message = submit(machine)
+    first_pass(machine, message, now=0.0)
+    assert machine.tick(RTO_S - 0.001) == [] and machine.next_datagram(RTO_S - 0.001) is None
+    assert machine.tick(RTO_S) == []
+    probe, = drain(machine, now=RTO_S)
+    assert on_the_wire(probe).frame.offset == 1000 and not probe.first and machine.stats.probes == 1
+    assert message.probe_at == pytest.approx(3 * RTO_S)  # the next after twice the RTO
+    machine.tick(3 * RTO_S)
+    drain(machine, now=3 * RTO_S)
+    assert message.probe_at == pytest.approx(3 * RTO_S + 4 * RTO_S) and message.rto <= MAX_RTO_S
+
+
+def test_a_message_unacknowledged_for_the_timeout_fails_its_peer_and_feedback_defers_that():
+    machine = sender()
+    message = submit(machine)
+    first_pass(machine, message, now=0.0)
+    machine.on_feedback(RECEIVER, nack(MESSAGE, [1]), now=1.0)  # feedback: the peer is alive
+    drain(machine, now=1.0)
+    assert machine.tick(TIMEOUT + 0.5) == [] and message.deadline == pytest.approx(1.0 + TIMEOUT)
+    assert machine.tick(1.0 + TIMEOUT) == [
+        Failure(RECEIVER, "did not acknowledge tensor 1 step 0 of iteration 3 within 5.0 s")]
+
+
+def test_an_ack_releases_the_message_and_what_it_had_left_to_send():
+    machine = sender()
+    message = submit(machine)
+    first_pass(machine, message)
+    machine.on_feedback(RECEIVER, nack(MESSAGE, [1, 2]), now=0.01)
+    machine.next_datagram(0.01)
+    ack = datagram(wire.feedback(RECEIVER, JOB, KEY, codec.KIND_ACK, 1024, FRAGMENT, 1024))
+    machine.on_feedback(RECEIVER, ack, now=0.02)
+    assert message.released and machine.outgoing == {} and machine.next_datagram(0.02) is None
+    assert machine.first_datagram(submit(machine, key=KEY._replace(tensor=2)), 0.02) is not None
+    machine.on_feedback(RECEIVER, ack, now=0.03)  # a duplicate ACK
+    assert machine.stats.late_feedback == 1
+
+
+def test_feedback_on_another_grid_or_size_is_counted_and_ignored():
+    machine = sender()
+    first_pass(machine, submit(machine))
+    machine.on_feedback(RECEIVER, nack(MESSAGE, [1], fragment=50), now=0.01)
+    machine.on_feedback(RECEIVER, datagram(wire.feedback(RECEIVER, JOB, KEY, codec.KIND_ACK, 1000, FRAGMENT, 1000)),
+                        now=0.01)
+    assert machine.stats.mismatched == 2 and machine.next_datagram(0.01) is None and len(machine.outgoing) == 1
+
+
+def test_a_bye_releases_the_peers_unacknowledged_messages_only():
+    machine = sender()
+    gone = [submit(machine, key=KEY._replace(tensor=t)) for t in range(2)]
+    first_pass(machine, gone[0])
+    machine.on_feedback(RECEIVER, nack(MESSAGE, [1, 2], key=gone[0].key), now=0.01)
+    machine.first_datagram(gone[1], 0.01)
+    kept = submit(machine, OTHER)
+    first_pass(machine, kept)
+    machine.on_feedback(OTHER, nack(MESSAGE, [4]), now=0.01)
+    machine.forget(RECEIVER)
+    assert all(m.released for m in gone) and not kept.released and list(machine.outgoing) == [(OTHER, KEY)]
+    assert machine.first_datagram(gone[1], 0.01) is None  # its caller stops sending
+    assert [(e.peer, on_the_wire(e).frame.offset) for e in drain(machine, 0.01)] == [(OTHER, 400)]
+
+
+def test_a_peers_passes_take_turns():
+    machine = sender()
+    for tensor in (1, 2):
+        first_pass(machine, submit(machine, key=KEY._replace(tensor=tensor)))
+        machine.on_feedback(RECEIVER, nack(MESSAGE, [1, 2, 3], key=KEY._replace(tensor=tensor)), now=0.01)
+    assert [on_the_wire(machine.next_datagram(0.01)).frame.tensor for _ in range(6)] == [1, 2, 1, 2, 1, 2]
+
+
+def test_resends_interleave_peers_and_a_slow_peer_does_not_hold_up_a_fast_one():
+    machine = sender(link_mbps=1000)
+    payload = bytes(100 * FRAGMENT)
+    for peer in (RECEIVER, OTHER):
+        first_pass(machine, submit(machine, peer, payload=payload), now=10.0)
+        machine.on_feedback(peer, nack(payload, list(range(100))), now=10.0)  # loss bound 0: all of them again
+    order = [machine.next_datagram(now=10.0).peer for _ in range(6)]
+    assert order == [RECEIVER, OTHER] * 3  # equal rates: turns
+    machine.advise(OTHER, 1.0)  # OTHER's receiver advises the floor: 1/20 of the link
+    order = [machine.next_datagram(now=10.0).peer for _ in range(40)]
+    assert 1 <= order.count(OTHER) <= 3
+
+
+def test_the_host_pacer_keeps_every_peer_together_under_the_link():
+    pacer = HostPacer(1e6)
+    for peer in (RECEIVER, OTHER):
+        pacer.add(peer)
+    departures = [pacer.schedule([(RECEIVER, 1000), (OTHER, 1000)], now=10.0)[1] for _ in range(100)]
+    assert departures[-1] == pytest.approx(10 + 100 * 1000 / (LINK_SHARE * 1e6) - PACING_BURST_S)
+
+
+def test_only_our_peers_datagrams_from_their_hosts_count():
+    peers = Peers(JOB)
+    peers.hosts[SENDER] = "10.0.0.1"
+    frame = wire.data_frame(SENDER, JOB, KEY, 0, 4, 4)
+    assert peers.sender_of(frame, "10.0.0.1") == SENDER
+    assert peers.sender_of(frame, "10.0.0.2") is None
+    assert peers.sender_of(frame._replace(job=JOB + 1), "10.0.0.1") is None
+    assert peers.sender_of(frame._replace(rank=5), "10.0.0.1") is None
+
+
+# --- both ends, through a lossy network with a simulated clock
+
+def exchange(values: np.ndarray, loss_bound: float, lost) -> tuple[Delivery, Sender]:
+    """Send `values` from a Sender to a Receiver, ticking both whenever the sender idles; `lost()` drops each
+    datagram either way but RATE advice.  Timeouts so long that only a bug could fail the exchange."""
+    tx, rx = sender(1000.0, loss_bound=loss_bound), receiver(1000.0, loss_bound=loss_bound)
+    message = tx.submit(RECEIVER, KEY, values.view(np.uint8).copy(), None)
+    now, delivered = 0.0, []
+    while tx.outgoing:
+        assert now < 600, "no progress"
+        if (emission := tx.first_datagram(message, now) or tx.next_datagram(now)) is not None:
+            now = max(now, emission.at)
+            if emission.ends_pass:
+                tx.pass_sent(emission.message, now)
+            actions = () if lost() else rx.on_data(SENDER, on_the_wire(emission), now)
+        else:
+            now += rx.quiet_s / 2
+            actions = rx.tick(now)
+            assert tx.tick(now) == []
+        delivered += [a for a in actions if isinstance(a, Delivery)]
+        for reply in (datagram(a.datagram) for a in actions if isinstance(a, Reply)):
+            if reply.advised_kbps:
+                tx.advise(RECEIVER, reply.advised_kbps * 125)
+            if reply.frame.kind != codec.KIND_RATE and not lost():
+                tx.on_feedback(RECEIVER, reply, now)
+    assert len(delivered) == 1
+    return delivered[0], tx
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 3000), st.sampled_from([0.0, 0.01, 0.1]), st.floats(0, 0.4), st.randoms(use_true_random=False))
+def test_every_message_arrives_within_its_bound_whatever_is_lost(floats, loss_bound, loss, rng):
+    values = np.arange(1, floats + 1, dtype=np.float32)
+    delivery, tx = exchange(values, loss_bound, lambda: rng.random() < loss)
+    out = np.full_like(values, -1.0)
+    delivery.message.copy_into(out, keep_unreceived=False)
+    arrived = out != 0
+    assert np.array_equal(out[arrived], values[arrived])  # what arrived is right; what did not reads zero
+    assert values.nbytes - delivery.message.delivered <= wire.allowed_missing_bytes(values.nbytes, loss_bound)
+    assert loss_bound > 0 or delivery.message.delivered == values.nbytes
+
+
+def test_a_loss_free_exchange_needs_no_retransmission():
+    delivery, tx = exchange(np.ones(5000, np.float32), 0.0, lambda: False)
+    assert delivery.message.delivered == 20000 and tx.stats.fragments_retransmitted == tx.stats.probes == 0
+
+
+def test_a_lost_ack_is_recovered_by_a_probe_and_the_duplicates_re_ack():
+    lost = iter([False] * 11 + [True])  # every fragment, then the ACK
+    delivery, tx = exchange(np.ones(256, np.float32), 0.0, lambda: next(lost, False))
+    assert delivery.message.delivered == 1024 and tx.stats.probes == 1
+
+
+def test_random_loss_on_a_long_message_is_repaired_with_just_enough_resends():
+    rng = random.Random(0)
+    values = np.ones(25_000, np.float32)  # 1000 fragments
+    delivery, tx = exchange(values, 0.05, lambda: rng.random() < 0.1)
+    assert 0.95 <= delivery.message.delivered_fraction < 1
+    # About 10% lost, the bound takes 5%: roughly 5% resent (and the resends' own losses), not all 10%.
+    assert 40 <= tx.stats.fragments_retransmitted <= 80
