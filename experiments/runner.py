@@ -171,7 +171,7 @@ def run_on_fabric(out: Path, runs: list[Run], progress: Progress) -> None:
                     raise
                 recorded.append(run.run_id)
                 progress.end_run(status)
-            memory = fabric_record(fab)  # while it runs
+            memory = fabric_record(fab, [run_dir(out, run_id) for run_id in recorded])  # while it runs
     except (FabricError, OSError) as error:
         now = time.time()
         for run in runs:
@@ -182,23 +182,26 @@ def run_on_fabric(out: Path, runs: list[Run], progress: Progress) -> None:
     finally:
         progress.fabric_down()
         if fab is not None:  # it started: its record, with how long it took to stop
-            record = {**(memory or fabric_record(fab)),
+            record = {**(memory or fabric_record(fab, [])),
                       **{key: round(value, 3) for key, value in fab.timings.items()}}
             write_text(workdir / "fabric.json", json.dumps(record, indent=2) + "\n")
 
 
-def fabric_record(fab: Fabric) -> dict:
-    """The fabric's size and the memory of the machine and of ovs-vswitchd while it runs (for
-    fabrics/<first run>/fabric.json, with its build, start and stop times)."""
+def fabric_record(fab: Fabric, run_dirs: list[Path]) -> dict:
+    """The fabric's size and placement, the memory of ovs-vswitchd and of the machine now, and the
+    machine's peak during its runs (their cpu.csv) (for fabrics/<first run>/fabric.json, with its
+    build, start and stop times)."""
     layout = fab.topo.layout
     pid = vswitchd_pid()
+    peaks = [pd.read_csv(path / "cpu.csv")["mem_used_mb"].max() for path in run_dirs if (path / "cpu.csv").exists()]
     where = {node.name: cluster.server_of(node) for node in fab.net.hosts + fab.net.switches}
     return {"hosts": len(layout.hosts), "switches": len(layout.switches), "links": len(layout.links),
             "servers": {server: sorted(name for name in where if where[name] == server)
                         for server in dict.fromkeys(where.values())},
             "crossing_links": len(cluster.crossing_links(layout, where)),
             "placement": fab.placement if fab.servers else None,  # None: Mininet's own classes, no cluster
-            "vswitchd_rss_mb": process_rss_mb(pid) if pid else None, "machine_used_mb": machine_used_mb()}
+            "vswitchd_rss_mb": process_rss_mb(pid) if pid else None, "machine_used_mb": machine_used_mb(),
+            "machine_peak_mb": float(max(peaks)) if peaks else None}
 
 
 def switch_ports(fab: Fabric) -> dict[str, tuple[str, int]]:

@@ -4,7 +4,8 @@ port's class queues (tc: bytes and packets sent, drops, backlog), the switches' 
 drops, and, over the whole run, the transmit errors OVS logged and its datapath drop counters.
 
 Files in the run's directory (CSV columns below; counters are cumulative, as sampled):
-    cpu.csv      time_s, cpu_util (machine, 0..1), vswitchd_thread_util (cores, busiest thread)
+    cpu.csv      time_s, cpu_util (machine, 0..1), vswitchd_thread_util (cores, busiest thread),
+                 mem_used_mb (machine)
     queues.csv   time_s, switch, port, cs, sent_bytes, sent_pkts, dropped_pkts, backlog_bytes
     drain.csv    time_s, switch, port, probe_s, backlog_bytes, sent_bytes: for each port that had a
                  backlog, what it sent in the next probe_s (a second tc dump DRAIN_PROBE_S later)
@@ -23,7 +24,7 @@ import time
 from pathlib import Path
 
 from hostapps.files import atomic_open, write_text
-from topologies.machine import (busiest_thread_share, machine_jiffies, port_socket_drops,
+from topologies.machine import (busiest_thread_share, machine_jiffies, machine_used_mb, port_socket_drops,
                                 thread_jiffies, vswitchd_pid)
 from topologies.ovslog import OvsLog
 
@@ -31,7 +32,7 @@ SAMPLE_S = 0.5
 # A port that holds B bytes must send min(B, rate x t) in the next t seconds: probing right after a
 # sample tests that whatever the traffic's burstiness; 20 ms is 250 KB at 100 Mbit/s, a full queue.
 DRAIN_PROBE_S = 0.02
-CPU_COLUMNS = ["time_s", "cpu_util", "vswitchd_thread_util"]
+CPU_COLUMNS = ["time_s", "cpu_util", "vswitchd_thread_util", "mem_used_mb"]
 QUEUE_COLUMNS = ["time_s", "switch", "port", "cs", "sent_bytes", "sent_pkts", "dropped_pkts",
                  "backlog_bytes"]
 SOCKET_COLUMNS = ["time_s", "switch", "port", "socket_drops"]
@@ -157,7 +158,8 @@ class FabricSampler:
                     thread_util = busiest_thread_share(threads, now_threads, now_mono - then)
                     machine = (now_busy - busy) / (now_total - total)
                     self.latest = {**self.latest, "cpu": (machine, thread_util)}
-                    cpu.writerow([f"{time.time():.3f}", f"{machine:.4f}", f"{thread_util:.4f}"])
+                    cpu.writerow([f"{time.time():.3f}", f"{machine:.4f}", f"{thread_util:.4f}",
+                                  f"{machine_used_mb():.1f}"])
                     cpu_file.flush()
                 busy, total, threads, then = now_busy, now_total, now_threads, now_mono
                 self._sample(queues, drains, sockets, files)

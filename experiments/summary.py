@@ -161,7 +161,7 @@ def render(out_dir: str | Path) -> str:
 
 
 FABRIC_COLUMNS = ["first run", "hosts", "switches", "links", "servers", "crossing links", "build (s)", "start (s)",
-                  "stop (s)", "ovs-vswitchd RSS (MB)", "machine memory used (MB)"]
+                  "stop (s)", "ovs-vswitchd RSS (MB)", "machine memory idle (MB)", "machine memory peak (MB)"]
 
 
 def _fabrics(out: Path) -> list[str]:
@@ -173,7 +173,8 @@ def _fabrics(out: Path) -> list[str]:
         record["servers"] = len(record.get("servers", {})) or "—"
         rows.append([path.parent.name, *(str(record.get(key, "—")) for key in
                                           ("hosts", "switches", "links", "servers", "crossing_links", "build_s",
-                                           "start_s", "stop_s", "vswitchd_rss_mb", "machine_used_mb"))])
+                                           "start_s", "stop_s", "vswitchd_rss_mb", "machine_used_mb",
+                                           "machine_peak_mb"))])
     if not rows:
         return []
     return ["## Fabrics", "", *_markdown(pd.DataFrame(rows, columns=FABRIC_COLUMNS)), ""]

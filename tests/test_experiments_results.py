@@ -97,7 +97,8 @@ def write_network_records(out: Path, run: Run, t0: float) -> None:
         {"switch": "leaf1", "port": 4, "peer": "spine2", "rate_mbps": 100, "tier": "fabric", "role": "leaf"},
         {"switch": "leaf1", "port": 1, "peer": "h1", "rate_mbps": 100, "tier": "host", "role": "leaf"}])
     cpu = 0.95 if run.run_id == SATURATED_RUN else 0.5
-    _write_csv(run_path / "cpu.csv", [{"time_s": t0 + s, "cpu_util": cpu, "vswitchd_thread_util": 0.3}
+    _write_csv(run_path / "cpu.csv", [{"time_s": t0 + s, "cpu_util": cpu, "vswitchd_thread_util": 0.3,
+                                       "mem_used_mb": 900.0}
                                       for s in range(3)])
     # leaf1's uplink 3 queues in CS0 (no backlog) and drops 2 packets of CS1 per second
     _write_csv(run_path / "queues.csv", [
@@ -406,9 +407,9 @@ def test_summary_lists_the_fabrics_with_their_set_up_times(tmp_path):
     results.aggregate(tmp_path)
     record = {"hosts": 32, "switches": 12, "links": 64, "vswitchd_rss_mb": 70.5, "machine_used_mb": 3100.0,
               "build_s": 3.1, "start_s": 3.4, "stop_s": 2.9, "servers": {"localhost": ["h1"], "s2": ["h2"]},
-              "crossing_links": 24}
+              "crossing_links": 24, "machine_peak_mb": 6500.0}
     (tmp_path / "fabrics" / "hosts=32,rep=1").mkdir(parents=True)
     (tmp_path / "fabrics" / "hosts=32,rep=1" / "fabric.json").write_text(json.dumps(record))
     summary = write_summary(tmp_path)
     assert "## Fabrics" in summary
-    assert "| hosts=32,rep=1 | 32 | 12 | 64 | 2 | 24 | 3.1 | 3.4 | 2.9 | 70.5 | 3100.0 |" in summary
+    assert "| hosts=32,rep=1 | 32 | 12 | 64 | 2 | 24 | 3.1 | 3.4 | 2.9 | 70.5 | 3100.0 | 6500.0 |" in summary
