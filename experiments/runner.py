@@ -150,7 +150,7 @@ def run_on_fabric(out: Path, runs: list[Run], progress: Progress) -> None:
         shutil.rmtree(workdir)  # a resumed attempt's leftovers
     stats_csv = workdir / "ports.csv"
     recorded: list[str] = []
-    fab, memory = None, None
+    fab, placement = None, {}
     try:
         with Fabric(first.topology.kind, _topo_params(first.topology), lb=first.controller.lb,
                     workdir=workdir, stats_csv=stats_csv, stats_interval=first.controller.stats_interval_s,
@@ -158,6 +158,7 @@ def run_on_fabric(out: Path, runs: list[Run], progress: Progress) -> None:
                     placement=first.config.cluster.placement) as fab:
             for line in fab.cleaned:
                 print(f"run: removed a stale fabric's leftover: {line}", file=sys.stderr)
+            placement = fabric_placement(fab)  # while its nodes exist
             fab.wait_reachable()
             rates = port_rates(fab)
             progress.fabric_up(fab, rates)
@@ -171,7 +172,6 @@ def run_on_fabric(out: Path, runs: list[Run], progress: Progress) -> None:
                     raise
                 recorded.append(run.run_id)
                 progress.end_run(status)
-            memory = fabric_record(fab, [run_dir(out, run_id) for run_id in recorded])  # while it runs
     except (FabricError, OSError) as error:
         now = time.time()
         for run in runs:
@@ -181,26 +181,31 @@ def run_on_fabric(out: Path, runs: list[Run], progress: Progress) -> None:
                 progress.end_run("failed", run.run_id)
     finally:
         progress.fabric_down()
-        if fab is not None:  # it started: its record, with how long it took to stop
-            record = {**(memory or fabric_record(fab, [])),
+        if fab is not None:  # it started: its record (also when interrupted), with how long it took to stop
+            record = {**placement, **fabric_memory([run_dir(out, run_id) for run_id in recorded]),
                       **{key: round(value, 3) for key, value in fab.timings.items()}}
             write_text(workdir / "fabric.json", json.dumps(record, indent=2) + "\n")
 
 
-def fabric_record(fab: Fabric, run_dirs: list[Path]) -> dict:
-    """The fabric's size and placement, the memory of ovs-vswitchd and of the machine now, and the
-    machine's peak during its runs (their cpu.csv) (for fabrics/<first run>/fabric.json, with its
-    build, start and stop times)."""
+def fabric_placement(fab: Fabric) -> dict:
+    """The fabric's size and where its nodes run (for fabrics/<first run>/fabric.json)."""
     layout = fab.topo.layout
-    pid = vswitchd_pid()
-    peaks = [pd.read_csv(path / "cpu.csv")["mem_used_mb"].max() for path in run_dirs if (path / "cpu.csv").exists()]
     where = {node.name: cluster.server_of(node) for node in fab.net.hosts + fab.net.switches}
     return {"hosts": len(layout.hosts), "switches": len(layout.switches), "links": len(layout.links),
             "servers": {server: sorted(name for name in where if where[name] == server)
                         for server in dict.fromkeys(where.values())},
             "crossing_links": len(cluster.crossing_links(layout, where)),
-            "placement": fab.placement if fab.servers else None,  # None: Mininet's own classes, no cluster
-            "vswitchd_rss_mb": process_rss_mb(pid) if pid else None, "machine_used_mb": machine_used_mb(),
+            "placement": fab.placement if fab.servers else None}  # None: Mininet's own classes, no cluster
+
+
+def fabric_memory(run_dirs: list[Path]) -> dict:
+    """The memory of ovs-vswitchd and of the machine now, and the machine's peak during the
+    fabric's runs (their cpu.csv)."""
+    pid = vswitchd_pid()
+    samples = [path / "cpu.csv" for path in run_dirs]
+    peaks = [pd.read_csv(csv)["mem_used_mb"].max() for csv in samples if csv.exists() and csv.stat().st_size]
+    peaks = [peak for peak in peaks if pd.notna(peak)]  # an interrupted run may have no sample yet
+    return {"vswitchd_rss_mb": process_rss_mb(pid) if pid else None, "machine_used_mb": machine_used_mb(),
             "machine_peak_mb": float(max(peaks)) if peaks else None}
 
 

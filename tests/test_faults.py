@@ -77,7 +77,7 @@ def test_worker_killed_mid_run_fails_that_run_and_the_next_one_runs(tmp_path):
     out = tmp_path / "out"
     runner = experiments_cli(str(FAULTS), "--out", str(out), cwd=tmp_path)
     wait_for_iteration(out, FIRST, 5, runner)
-    (worker,) = processes_with("hostapps worker --rank 1", str(out / "runs" / FIRST))
+    (worker,) = processes_with("hostapps worker", "--rank 1 ", str(out / "runs" / FIRST))
     killed_at = time.monotonic()
     os.kill(worker, signal.SIGKILL)
     while read_run_record(out, FIRST) is None:
