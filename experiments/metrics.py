@@ -30,9 +30,12 @@ from topologies.shaping import ETHERNET_HEADER_BYTES
 # The per-run metric columns of runs.csv, in order (run_metrics, speedup_vs_baseline, the guard's).
 METRIC_COLUMNS = [
     "iter_time_mean_s", "iter_time_p50_s", "iter_time_p99_s", "samples_per_s",
-    "final_accuracy", "time_to_accuracy_s", "bytes_sent", "lower_bound_s",
-    "tictac_efficiency", "speedup_vs_baseline", "uplink_imbalance", *FIDELITY_COLUMNS,
+    "final_accuracy", "time_to_accuracy_s", "bytes_sent", "lower_bound_s", "tight_bound_s",
+    "compute_s", "comm_s", "tictac_efficiency", "speedup_vs_baseline", "uplink_imbalance", *FIDELITY_COLUMNS,
 ]
+# TicTac's E is only defined where both parts matter: below this share of the iteration, one of
+# them is noise and E = (comm + comp - T) / min(comm, comp) divides by it (-88.85 on an MLP run).
+OVERLAP_SHARE_MIN = 0.1
 TCP_IP_HEADER_BYTES = 52  # IPv4 20 + TCP 20 + the timestamp option 12
 
 
@@ -64,18 +67,35 @@ def comm_lower_bound_s(mode: str, model_bytes: float, host_bw_mbps: float,
     raise ValueError(f"mode: {mode!r} is not allowed (allreduce or ps)")
 
 
+def tight_bound_s(link_bound_s: float, compute_s: float, tail_comm_s: float) -> float:
+    """The iteration bound with the fabric's busiest link and the synchronous tail: no faster than
+    that link carries the iteration's traffic, nor than the compute followed by the communication
+    that can only start after it (experiments/traffic.py). NaN when either part is unknown."""
+    parts = [link_bound_s, compute_s + tail_comm_s]
+    return math.nan if any(math.isnan(part) for part in parts) else float(max(parts))
+
+
 def tictac_efficiency(comm_s: float, compute_s: float, iter_time_s: float) -> float:
     """TicTac's overlap efficiency E = (comm + comp - T) / (comm + comp - max(comm, comp)).
 
     1 when communication hides completely behind computation (T = max), 0 when they run
     back to back (T = comm + comp). Not clipped: values outside [0, 1] mean T was below the
-    max or above the sum, i.e. the measurements disagree. NaN when either part is zero or
-    unknown, where overlap is undefined.
+    max or above the sum, i.e. the measurements disagree. NaN when either part is unknown or
+    below OVERLAP_SHARE_MIN of T (overlap_undefined says which), where overlap means nothing.
     """
-    overlap_room = comm_s + compute_s - max(comm_s, compute_s)
-    if not overlap_room > 0:
+    if overlap_undefined(comm_s, compute_s, iter_time_s):
         return math.nan
-    return (comm_s + compute_s - iter_time_s) / overlap_room
+    return (comm_s + compute_s - iter_time_s) / (comm_s + compute_s - max(comm_s, compute_s))
+
+
+def overlap_undefined(comm_s: float, compute_s: float, iter_time_s: float) -> str:
+    """Why TicTac's E is not defined for these times ('' when it is)."""
+    for name, part in (("communication", comm_s), ("compute", compute_s)):
+        if math.isnan(part) or math.isnan(iter_time_s):
+            return f"{name} unknown"
+        if not part >= OVERLAP_SHARE_MIN * iter_time_s:
+            return f"{name} {part / iter_time_s:.0%} of the iteration"
+    return ""
 
 
 def iteration_times_s(iterations: pd.DataFrame) -> pd.Series:
@@ -134,11 +154,13 @@ def training_window_s(iterations: pd.DataFrame) -> tuple[float, float]:
 
 def run_metrics(iterations: pd.DataFrame, tensors: pd.DataFrame, summaries: pd.DataFrame, *,
                 mode: str, workers: int, servers: int, batch: int, host_bw_mbps: float,
-                target_accuracy: float, mtu: int, transport: str) -> dict[str, float]:
+                target_accuracy: float, mtu: int, transport: str, link_bound_s: float = math.nan,
+                tail_comm_s: float = math.nan) -> dict[str, float]:
     """The performance columns of one run's runs.csv row (not speedup_vs_baseline, not the guard's).
 
     iterations/tensors: the run's rows of the combined CSVs; summaries: one row per host-app
-    process with role and the summary.json fields. batch is the global batch.
+    process with role and the summary.json fields. batch is the global batch. link_bound_s and
+    tail_comm_s (experiments/traffic.py) make the tight bound: max(link bound, compute + tail).
     """
     iter_times = iteration_times_s(iterations)
     iter_mean = float(iter_times.mean()) if len(iter_times) else math.nan
@@ -146,6 +168,7 @@ def run_metrics(iterations: pd.DataFrame, tensors: pd.DataFrame, summaries: pd.D
     worker_summaries = summaries[summaries["role"] == "worker"]
     model_bytes = float(worker_summaries["bytes_per_iteration"].iloc[0]) if len(worker_summaries) else math.nan
     comm_bound = comm_lower_bound_s(mode, model_bytes, host_bw_mbps, workers, servers, mtu, transport)
+    comm = comm_time_s(tensors)
     return {
         "iter_time_mean_s": iter_mean,
         "iter_time_p50_s": float(iter_times.quantile(0.5)) if len(iter_times) else math.nan,
@@ -155,7 +178,10 @@ def run_metrics(iterations: pd.DataFrame, tensors: pd.DataFrame, summaries: pd.D
         "time_to_accuracy_s": time_to_accuracy_s(iterations, target_accuracy),
         "bytes_sent": float(iterations["bytes_sent"].sum()),
         "lower_bound_s": float(np.fmax(comm_bound, compute)),
-        "tictac_efficiency": tictac_efficiency(comm_time_s(tensors), compute, iter_mean),
+        "tight_bound_s": tight_bound_s(link_bound_s, compute, tail_comm_s),
+        "compute_s": compute,
+        "comm_s": comm,
+        "tictac_efficiency": tictac_efficiency(comm, compute, iter_mean),
     }
 
 

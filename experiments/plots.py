@@ -40,7 +40,8 @@ def _save(figure: plt.Figure, path: Path) -> Path:
 
 
 def iteration_time(tables: dict[str, pd.DataFrame], path: Path) -> Path | None:
-    """Mean iteration time per scheme, error bars over repetitions, lower bound as a bar; a scheme
+    """Mean iteration time per scheme, error bars over repetitions, the fluid and the tight bound as
+    bars; a scheme
     with runs that failed the fidelity guard is drawn hatched and says how many."""
     runs = tables["runs"].dropna(subset=["iter_time_mean_s"])
     if runs.empty:
@@ -50,6 +51,7 @@ def iteration_time(tables: dict[str, pd.DataFrame], path: Path) -> Path | None:
     for ax, mode_runs in panels:
         stats = mode_runs.groupby("scheme", sort=False).agg(
             mean=("iter_time_mean_s", "mean"), std=("iter_time_mean_s", "std"), bound=("lower_bound_s", "mean"),
+            tight=("tight_bound_s", "mean"),
             failed=("guard_failed", "sum"), runs=("guard_failed", "size"))
         positions = np.arange(len(stats))
         bars = ax.bar(positions, stats["mean"], yerr=stats["std"].fillna(0), capsize=4, color="tab:blue",
@@ -61,7 +63,9 @@ def iteration_time(tables: dict[str, pd.DataFrame], path: Path) -> Path | None:
                 ax.annotate(f"guard failed {failed}/{total}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                             textcoords="offset points", xytext=(0, 14), ha="center", fontsize=7, color="tab:red")
         ax.hlines(stats["bound"], positions - 0.4, positions + 0.4, colors="black", linewidth=2,
-                  label="lower bound")
+                  label="lower bound (fluid)")
+        ax.hlines(stats["tight"], positions - 0.4, positions + 0.4, colors="tab:orange", linewidth=2,
+                  linestyles="--", label="tight bound")
         ax.set_xticks(positions, stats.index, rotation=20, ha="right")
         ax.set_ylabel("iteration time (s)")
         ax.legend()
@@ -69,7 +73,7 @@ def iteration_time(tables: dict[str, pd.DataFrame], path: Path) -> Path | None:
 
 
 def scaling(tables: dict[str, pd.DataFrame], path: Path) -> Path | None:
-    """Iteration time against the number of workers, with the analytical lower bound: drawn when
+    """Iteration time against the number of workers, with the fluid and the tight bound: drawn when
     the runs have more than one fabric size (experiments/scale.yaml). Runs that failed the fidelity
     guard are hollow."""
     runs = tables["runs"].dropna(subset=["iter_time_mean_s"])
@@ -81,9 +85,12 @@ def scaling(tables: dict[str, pd.DataFrame], path: Path) -> Path | None:
             chosen = mode_runs[mode_runs["fidelity_ok"].eq(True) == ok]
             ax.scatter(chosen["workers"], chosen["iter_time_mean_s"], edgecolors="tab:blue", facecolors=marker_face,
                        label="measured" if ok else "measured, guard failed")
-        means = mode_runs.groupby("workers")[["iter_time_mean_s", "lower_bound_s"]].mean()
+        means = mode_runs.groupby("workers")[["iter_time_mean_s", "lower_bound_s", "tight_bound_s"]].mean()
         ax.plot(means.index, means["iter_time_mean_s"], color="tab:blue")
-        ax.plot(means.index, means["lower_bound_s"], color="black", linestyle="--", marker="_", label="lower bound")
+        ax.plot(means.index, means["lower_bound_s"], color="black", linestyle="--", marker="_",
+                label="lower bound (fluid)")
+        ax.plot(means.index, means["tight_bound_s"], color="tab:orange", linestyle=":", marker="_",
+                label="tight bound")
         ax.set_xticks(means.index)
         ax.set_xlabel("workers")
         ax.set_ylabel("iteration time (s)")

@@ -164,15 +164,16 @@ def write_csv(frame: pd.DataFrame, path: str | Path) -> None:
 
 
 def write_run_record(out_dir: str | Path, run: Run, status: str, start_s: float, end_s: float,
-                     error: str = "", faults: list[str] = ()) -> Path:
-    """runs/<run_id>/run.json: the run (see Run.to_dict), epoch start/end, status, error, and the
-    faults it survived (or not): e.g. a controller restarted."""
+                     error: str = "", faults: list[str] = (), bounds: dict[str, float] | None = None) -> Path:
+    """runs/<run_id>/run.json: the run (see Run.to_dict), epoch start/end, status, error, the
+    faults it survived (or not): e.g. a controller restarted, and the bounds its traffic puts on an
+    iteration (experiments/traffic.py: link_bound_s, tail_comm_s)."""
     if status not in RUN_STATUSES:
         raise ValueError(f"status: {status!r} is not allowed (one of {', '.join(RUN_STATUSES)})")
     path = run_dir(out_dir, run.run_id) / "run.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {**run.to_dict(), "start_s": start_s, "end_s": end_s, "status": status, "error": error,
-              "faults": list(faults)}
+              "faults": list(faults), **(bounds or {})}
     write_text(path, json.dumps(record, indent=2) + "\n")
     return path
 
@@ -308,7 +309,8 @@ def _run_row(out: Path, run: Run, record: dict[str, Any], records: dict[str, pd.
         mode=config.job.mode, workers=len(config.worker_hosts), servers=len(config.server_hosts),
         batch=config.job.batch, host_bw_mbps=config.topology.host_bw,
         target_accuracy=config.job.target_accuracy, mtu=config.topology.mtu,
-        transport=config.job.transport))
+        transport=config.job.transport, link_bound_s=record.get("link_bound_s", math.nan),
+        tail_comm_s=record.get("tail_comm_s", math.nan)))
     start_s, end_s = metrics.training_window_s(iterations)
     row.update(fidelity.judge(records["cpu"], records["queues"], records["drains"], records["sockets"],
                               records["ovs"], records["port_rates"],

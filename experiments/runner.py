@@ -37,7 +37,7 @@ from typing import Any, Callable
 import pandas as pd
 from mininet.log import setLogLevel
 
-from experiments import plots, summary
+from experiments import plots, summary, traffic
 from experiments.disturbances import Schedule, disturbances_of
 from experiments.live import LiveError, LiveView
 from experiments.metrics import comm_lower_bound_s
@@ -302,7 +302,8 @@ def run_once(fab: Fabric, out: Path, run: Run, rates: pd.DataFrame, stats_csv: P
     write_csv(rates, path / "port_rates.csv")
     write_port_slice(stats_csv, path / "ports.csv", start_s, end_s, run.controller.stats_interval_s)
     status = "failed" if error else "ok"
-    write_run_record(out, run, status, start_s, end_s, error=error, faults=watch.faults)
+    write_run_record(out, run, status, start_s, end_s, error=error, faults=watch.faults,
+                     bounds=traffic_bounds(run))
     return status
 
 
@@ -325,7 +326,7 @@ def process_config(run: Run, role: str, rank: int, ip: dict[str, str], **process
 def lower_bound_s(run: Run) -> float:
     """The analytical bound on the run's communication per iteration (experiments/metrics.py)."""
     config = run.config
-    model_bytes = sum(layer["bytes"] for layer in layer_table(run))
+    model_bytes = sum(layer_sizes(run))
     return comm_lower_bound_s(run.job.mode, model_bytes, config.topology.host_bw, len(config.worker_hosts),
                               max(1, len(config.server_hosts)), config.topology.mtu, run.job.transport)
 
@@ -338,16 +339,28 @@ def layer_table(run: Run) -> list[dict]:
             for i, layer in enumerate(model.layers)]
 
 
+def layer_sizes(run: Run) -> list[int]:
+    """The job's layer bytes, front layer first."""
+    return [layer["bytes"] for layer in layer_table(run)]
+
+
+def traffic_bounds(run: Run) -> dict[str, float]:
+    """The bounds the job's traffic puts on an iteration, for its run.json (experiments/traffic.py)."""
+    sizes = layer_sizes(run)
+    return {"link_bound_s": traffic.link_bound_s(run, sizes), "tail_comm_s": traffic.tail_comm_s(run, sizes)}
+
+
 def register_job(fab: Fabric, run: Run, job_id: str, registered: list[dict]) -> dict[int, int]:
     """Register the job's layer table and flows with the controller, whose scheduling policy
     turns them into DSCP classes; returns layer -> DSCP for the host apps (none for fifo).
+    A fifo job is registered too when it marks droppable datagrams: the LE -> CS1 rule is the job's.
 
     With TCP the controller rewrites the DSCP of the job's connections at their ingress switch;
     a connection carries every layer, so it gets its most urgent layer's class. With mlt the
     senders mark each message with its layer's class from the map returned here (a rewrite
     would erase that), and the controller only maps their lower-effort datagrams to CS1.
     The job document is appended to `registered` (to register it again after a restart)."""
-    if run.controller.sched == "fifo":
+    if run.controller.sched == "fifo" and not run.job.drop_marking:
         return {}
     config = run.config
     ip = host_ips(fab, run)

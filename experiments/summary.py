@@ -18,7 +18,7 @@ from experiments.spec import Spec, load_spec
 from hostapps.files import write_text
 
 COLUMNS = ["scheme", "iter time (s)", "speedup", "samples/s", "final acc", "acc delta", "time-to-acc (s)",
-           "p99 tensor (ms)", "delivered fraction", "uplink imbalance", "lower bound (s)", "fidelity"]
+           "p99 tensor (ms)", "delivered fraction", "uplink imbalance", "lower bound (s)", "tight bound (s)", "overlap E", "fidelity"]
 
 # One line per column (but scheme): what it is and how it is computed.
 LEGEND = [
@@ -36,7 +36,14 @@ LEGEND = [
     "1 with TCP, below 1 with the loss-tolerant transport), and the smallest share of one message.",
     "uplink imbalance: per leaf, max / mean of the bytes sent on its spine uplinks; mean over the "
     "leaves weighted by their uplink bytes (1 is an even spread).",
-    "lower bound: max(analytical communication bound, measured compute) per iteration.",
+    "lower bound: max(analytical communication bound, measured compute) per iteration (the fluid "
+    "bound: host links only, framing at the MTU, equal shards).",
+    "tight bound: max(the busiest link direction of the fabric carrying the iteration's traffic, "
+    "uplinks at fabric_bw and shards by their real bytes; measured compute + the front layer's "
+    "communication that can only start after it) (experiments/traffic.py).",
+    f"overlap E: TicTac's efficiency (comm + comp - T) / min(comm, comp) from the measured times; "
+    f"empty, with the reason, where communication or compute is below "
+    f"{metrics.OVERLAP_SHARE_MIN:.0%} of the iteration.",
     f"fidelity: the runs that failed the guard, where the times measure the machine rather than the "
     f"network: machine CPU > {CPU_LIMIT}, ovs-vswitchd's forwarding thread >= {VSWITCHD_THREAD_LIMIT} "
     f"cores, backlogged links below {LINK_RATE_MIN} of their rate, drops outside the class queues "
@@ -47,6 +54,17 @@ LEGEND = [
 
 def _number(value: float, digits: int = 3) -> str:
     return "—" if pd.isna(value) else f"{value:.{digits}g}"
+
+
+def _overlap(group: pd.DataFrame) -> str:
+    """TicTac's E over the repetitions, or why it is not defined."""
+    if group["tictac_efficiency"].notna().any():
+        return _number(group["tictac_efficiency"].mean())
+    if group.empty:
+        return "—"
+    why = metrics.overlap_undefined(group["comm_s"].mean(), group["compute_s"].mean(),
+                                    group["iter_time_mean_s"].mean())
+    return f"— ({why})" if why else "—"
 
 
 def _fidelity(flags: pd.Series) -> str:
@@ -118,7 +136,7 @@ def scheme_rows(tables: dict[str, pd.DataFrame], spec: Spec) -> dict[str, pd.Dat
                 _time_to_accuracy(group["time_to_accuracy_s"], group["final_accuracy"]),
                 _number(group["tensor_p99_ms"].mean()), _delivered(group["delivered"], group["delivered_min"]),
                 _number(group["uplink_imbalance"].mean()), _number(group["lower_bound_s"].mean()),
-                _fidelity(group["fidelity_ok"]),
+                _number(group["tight_bound_s"].mean()), _overlap(group), _fidelity(group["fidelity_ok"]),
             ])
         by_mode[str(mode)] = pd.DataFrame(rows, columns=COLUMNS)
     return by_mode

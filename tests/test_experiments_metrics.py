@@ -197,3 +197,14 @@ def test_link_imbalance_is_max_over_mean_of_fabric_ports():
     idle = links.assign(tx_util_frac=0.0)
     assert math.isnan(metrics.link_imbalance(idle))
     assert math.isnan(metrics.link_imbalance(links[links["tier"] == "host"]))
+
+
+@pytest.mark.parametrize("comm,comp,iteration,why", [
+    (1.0, 0.05, 1.0, "compute 5% of the iteration"),   # an MLP's compute: E would divide by noise
+    (0.02, 1.0, 1.0, "communication 2% of the iteration"),
+    (math.nan, 1.0, 1.0, "communication unknown"),
+    (0.5, 0.5, 1.0, ""),
+])
+def test_overlap_is_undefined_where_one_part_is_negligible(comm, comp, iteration, why):
+    assert metrics.overlap_undefined(comm, comp, iteration) == why
+    assert math.isnan(metrics.tictac_efficiency(comm, comp, iteration)) == bool(why)

@@ -23,6 +23,7 @@ START = 1_700_000_000.0
 COMPUTE_S = 0.3
 COMM_SPAN_S = 0.3
 MODEL_BYTES = 1_000_000
+LINK_BOUND_S, TAIL_COMM_S = 0.25, 0.05  # the run records' traffic bounds: compute + tail is the tighter
 
 
 def iteration_s(run: Run) -> float:
@@ -122,7 +123,8 @@ def make_results(out: Path) -> None:
         write_network_records(out, run, t0)
         failed = run.run_id == FAILED_RUN
         results.write_run_record(out, run, "failed" if failed else "ok", t0, t0 + 5,
-                                 error="worker h2 exited with 1" if failed else "")
+                                 error="worker h2 exited with 1" if failed else "",
+                                 bounds={"link_bound_s": LINK_BOUND_S, "tail_comm_s": TAIL_COMM_S})
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +144,8 @@ def test_runs_csv_has_exactly_the_contract_columns(runs):
     assert list(runs.columns) == [
         "run_id", "scheme", "rep", "mode", "lb", "sched", "transport", "loss_bound", "workers", "iterations",
         "iter_time_mean_s", "iter_time_p50_s", "iter_time_p99_s", "samples_per_s", "final_accuracy",
-        "time_to_accuracy_s", "bytes_sent", "lower_bound_s", "tictac_efficiency", "speedup_vs_baseline",
+        "time_to_accuracy_s", "bytes_sent", "lower_bound_s", "tight_bound_s", "compute_s", "comm_s",
+        "tictac_efficiency", "speedup_vs_baseline",
         "uplink_imbalance", "cpu_util_mean", "vswitchd_thread_util_mean", "link_rate_frac",
         "class_queue_drops_pkts", "outside_queue_drops_pkts", "app_lag_ms_p99", "fidelity_ok",
         "fidelity_reason", "faults", "data_gaps"]
@@ -159,6 +162,8 @@ def test_runs_csv_metrics_of_one_run(runs):
     assert run["time_to_accuracy_s"] == pytest.approx(4 * 0.5, rel=1e-5)  # reached at the end of iteration 3
     assert run["bytes_sent"] == 4 * 5 * 2000
     assert run["lower_bound_s"] == pytest.approx(COMPUTE_S)  # compute exceeds the 0.12 s comm bound
+    assert run["tight_bound_s"] == pytest.approx(COMPUTE_S + TAIL_COMM_S)
+    assert (run["compute_s"], run["comm_s"]) == (pytest.approx(COMPUTE_S), pytest.approx(COMM_SPAN_S, rel=1e-4))
     assert run["tictac_efficiency"] == pytest.approx((0.6 - 0.5) / (0.6 - 0.3), rel=1e-4)
     assert run["speedup_vs_baseline"] == pytest.approx(0.525 / 0.5, rel=1e-5)
     assert run["cpu_util_mean"] == pytest.approx(0.5) and bool(run["fidelity_ok"]) is True
@@ -314,9 +319,11 @@ def test_summary_has_a_table_per_mode_and_notes(out):
     header = next(line for line in lines if line.startswith("| scheme"))
     assert [cell.strip() for cell in header.strip("|").split("|")] == [
         "scheme", "iter time (s)", "speedup", "samples/s", "final acc", "acc delta", "time-to-acc (s)",
-        "p99 tensor (ms)", "delivered fraction", "uplink imbalance", "lower bound (s)", "fidelity"]
+        "p99 tensor (ms)", "delivered fraction", "uplink imbalance", "lower bound (s)", "tight bound (s)",
+        "overlap E", "fidelity"]
     baseline, baseline_ps = _summary_rows(lines, "scheme=baseline")
     assert baseline["iter time (s)"] == "0.525 ± 0.0354"   # over the two repetitions
+    assert (baseline["lower bound (s)"], baseline["tight bound (s)"]) == ("0.3", "0.35")
     assert baseline["p99 tensor (ms)"] == "150"
     assert baseline["uplink imbalance"] == "1.5"           # ECMP: 60 / mean(60, 20) Mbit/s
     assert baseline["delivered fraction"] == "1 (min 1)"
@@ -325,6 +332,17 @@ def test_summary_has_a_table_per_mode_and_notes(out):
     assert spray_ps["fidelity"] == "ok" and spray_ps["uplink imbalance"] == "1"
     assert f"- {FAILED_RUN}: failed: worker h2 exited with 1" in lines
     assert f"- {SATURATED_RUN}: failed the fidelity guard (machine CPU 0.95 > 0.9): its times measure the machine rather than the network" in lines
+
+
+def test_summary_says_why_overlap_is_undefined_where_compute_is_negligible(tmp_path):
+    make_results(tmp_path)
+    for iterations in tmp_path.glob("runs/*/*/iterations.csv"):
+        rows = pd.read_csv(iterations)
+        rows.assign(compute_s=0.01).to_csv(iterations, index=False)
+    results.aggregate(tmp_path)
+    baseline, _ = _summary_rows(write_summary(tmp_path).splitlines(), "scheme=baseline")
+    assert pd.read_csv(tmp_path / "runs.csv")["tictac_efficiency"].isna().all()
+    assert baseline["overlap E"] == "— (compute 2% of the iteration)"  # 0.01 s of 0.525 s
 
 
 def test_summary_compares_with_the_baseline_of_the_same_mode(out):
@@ -369,6 +387,7 @@ def test_plots_are_drawn_from_csvs(out):
 def test_scaling_plot_only_when_the_runs_have_several_fabric_sizes(tmp_path):
     from experiments.plots import scaling
     rows = [dict(mode=mode, workers=workers, iter_time_mean_s=0.1 * workers, lower_bound_s=0.05 * workers,
+                 tight_bound_s=0.07 * workers,
                  fidelity_ok=workers != 28) for mode in ("allreduce", "ps") for workers in (8, 16, 32, 28)]
     runs = pd.DataFrame(rows)
     assert scaling({"runs": runs[runs["workers"] == 8]}, tmp_path / "one.png") is None

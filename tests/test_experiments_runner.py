@@ -73,6 +73,7 @@ def test_smoke_spec_writes_every_result_and_both_modes_train_alike(tmp_path, clu
                 assert (process_path / name).exists(), f"{run.run_id}/{process_path.name}/{name}"
     runs = pd.read_csv(out / "runs.csv")
     assert len(runs) == 2 and runs["iter_time_mean_s"].gt(0).all() and runs["lower_bound_s"].gt(0).all()
+    assert runs["tight_bound_s"].ge(0.999 * runs["lower_bound_s"]).all(), "the tight bound adds to the fluid one"
     links = pd.read_csv(out / "links.csv")
     assert set(links["tier"]) == {"host", "fabric"} and links["tx_bytes"].sum() > 0
     # Same seed and global batch: 4 all-reducing workers and 3 workers with one parameter server

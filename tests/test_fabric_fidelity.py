@@ -107,3 +107,23 @@ def test_a_higher_class_keeps_its_rate_and_loses_nothing_while_a_lower_class_ove
     assert after[5]["drops"] == before[5]["drops"]
     assert log.transmit_errors().total == 0
     assert sum(port_socket_drops().values()) - sum(sockets_before.values()) == 0
+
+
+def test_a_fifo_job_that_marks_droppable_datagrams_loses_those_first(fabric):
+    """A job registered under `fifo` with drop marking: its LE-marked datagrams (DSCP 1) are moved
+    to the droppable class, so when h1's LE flow and h2's unmarked flow overload h3's 20 Mbit/s
+    port together, the loss falls on the LE flow and the unmarked one keeps its rate."""
+    job = {"job": "fifo-drops", "policy": "fifo", "hosts": ["10.0.0.1", "10.0.0.2"],
+           "layers": [{"index": 0, "name": "w", "bytes": 4}], "flows": []}
+    fabric.rest("/jobs", "POST", job)
+    try:
+        lower_effort = udp(fabric, "h1", 5903, 15, 1, 5)
+        unmarked = udp(fabric, "h2", 5904, 15, 0, 4)
+        kept = json.loads(unmarked.communicate(timeout=30)[0])["end"]["sum"]
+        dropped = json.loads(lower_effort.communicate(timeout=30)[0])["end"]["sum"]
+    finally:
+        fabric.rest("/jobs/fifo-drops", "DELETE")
+    print(f"LE lost {dropped['lost_percent']:.1f}%, unmarked lost {kept['lost_percent']:.1f}% "
+          f"at {kept['bits_per_second'] / 1e6:.2f} Mbit/s")
+    assert kept["packets"] > 100 and kept["lost_percent"] < 2
+    assert dropped["lost_percent"] > 20

@@ -1,0 +1,131 @@
+"""What a run's job sends where in one iteration, and the bounds that traffic puts on an iteration.
+
+The traffic is the job's own, from its layer sizes and mode: ring all-reduce sends 2(n-1)/n of the
+model from each worker to the next; a parameter-server worker pushes each shard its layers (as
+hostapps/collectives.assign_shards places them) and pulls them back. A host pair's bytes split
+evenly over the fabric's shortest paths (what spraying does per packet and ECMP does on average over
+flows; `single` puts each pair on one of them, which only loads links more), framing at the MTU
+included. Background flows, faults and retransmissions are not counted.
+
+Two bounds beside metrics.comm_lower_bound_s (the fluid one: host links only, equal shards):
+- link_bound_s: the busiest link direction of the whole fabric, host links at host_bw and switch
+  links at fabric_bw, shards by their real bytes;
+- tail_comm_s: what must still cross after the last gradient is computed: the front layer (ready
+  last in backprop, needed first in the next forward pass) pushed by every worker into its shard,
+  and pulled back by every worker once all are in (PS; when sliced, only the last slice's pull
+  waits), or reduced around the ring (all-reduce).
+metrics.run_metrics combines them with the measured compute: max(link bound, compute + tail).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from functools import cache
+from typing import Sequence
+
+from experiments.metrics import wire_bytes_per_payload_byte
+from experiments.spec import Run, layout_of
+from hostapps.collectives import assign_shards
+from topologies.layout import Layout
+
+LinkKey = frozenset  # a link as the pair of its end nodes' names
+Direction = tuple[str, str]  # a link's direction: (from node, to node)
+
+
+def host_traffic(run: Run, sizes: Sequence[int]) -> dict[Direction, float]:
+    """Bytes on the wire from host to host in one iteration of the run's job (sizes: layer bytes)."""
+    config = run.config
+    wire = wire_bytes_per_payload_byte(config.topology.mtu, run.job.transport)
+    workers, servers = config.worker_hosts, config.server_hosts
+    traffic: dict[Direction, float] = defaultdict(float)
+    if run.job.mode == "allreduce":
+        n = len(workers)
+        for rank, host in enumerate(workers):
+            if n > 1:
+                traffic[host, workers[(rank + 1) % n]] += 2 * (n - 1) / n * sum(sizes) * wire
+    else:
+        owners = assign_shards(sizes, len(servers))
+        for shard, server in enumerate(servers):
+            shard_bytes = sum(size for size, owner in zip(sizes, owners) if owner == shard) * wire
+            for worker in workers:
+                traffic[worker, server] += shard_bytes
+                traffic[server, worker] += shard_bytes
+    return dict(traffic)
+
+
+@cache
+def _paths_from(layout: Layout, source: str) -> tuple[dict[str, int], dict[str, int]]:
+    """Hops from source to every node and how many shortest paths reach it (hosts forward nothing)."""
+    graph: dict[str, list[str]] = defaultdict(list)
+    for link in layout.links:
+        graph[link.a.name].append(link.b.name)
+        graph[link.b.name].append(link.a.name)
+    hosts = {node.name for node in layout.hosts}
+    hops, paths, frontier = {source: 0}, {source: 1}, [source]
+    while frontier:
+        following = []
+        for node in frontier:
+            if node in hosts and node != source:
+                continue
+            for peer in graph[node]:
+                if peer not in hops:
+                    hops[peer], paths[peer] = hops[node] + 1, 0
+                    following.append(peer)
+                if hops[peer] == hops[node] + 1:
+                    paths[peer] += paths[node]
+        frontier = following
+    return hops, paths
+
+
+def path_shares(layout: Layout, src: str, dst: str) -> dict[Direction, float]:
+    """The share of src -> dst traffic each link direction carries, split evenly over the shortest paths."""
+    (hops_src, paths_src), (hops_dst, paths_dst) = _paths_from(layout, src), _paths_from(layout, dst)
+    total, distance = paths_src[dst], hops_src[dst]
+    shares: dict[Direction, float] = {}
+    for link in layout.links:
+        for near, far in ((link.a.name, link.b.name), (link.b.name, link.a.name)):
+            if near in hops_src and far in hops_dst and hops_src[near] + 1 + hops_dst[far] == distance:
+                shares[near, far] = shares.get((near, far), 0.0) + paths_src[near] * paths_dst[far] / total
+    return shares
+
+
+def directed_traffic(run: Run, sizes: Sequence[int]) -> dict[Direction, float]:
+    """Bytes each link direction of the fabric carries in one iteration."""
+    layout = layout_of(run.topology)
+    carried: dict[Direction, float] = defaultdict(float)
+    for (src, dst), sent in host_traffic(run, sizes).items():
+        for direction, share in path_shares(layout, src, dst).items():
+            carried[direction] += sent * share
+    return dict(carried)
+
+
+def link_traffic(run: Run, sizes: Sequence[int]) -> dict[LinkKey, float]:
+    """Bytes each link of the fabric carries in one iteration (both directions)."""
+    carried: dict[LinkKey, float] = defaultdict(float)
+    for direction, sent in directed_traffic(run, sizes).items():
+        carried[frozenset(direction)] += sent
+    return dict(carried)
+
+
+def link_bound_s(run: Run, sizes: Sequence[int]) -> float:
+    """Seconds the busiest link direction needs for one iteration's traffic at its rate."""
+    topology = run.config.topology
+    hosts = {node.name for node in layout_of(topology).hosts}
+    seconds = [sent * 8 / ((topology.host_bw if hosts & set(direction) else topology.fabric_bw) * 1e6)
+               for direction, sent in directed_traffic(run, sizes).items()]
+    return max(seconds, default=0.0)
+
+
+def tail_comm_s(run: Run, sizes: Sequence[int]) -> float:
+    """Seconds of communication that cannot overlap the iteration's compute, at host_bw: the front
+    layer's n pushes into its shard's link and n pulls out of it (only its last slice's pulls when
+    sliced), or its ring reduction."""
+    config, job = run.config, run.job
+    if not sizes:
+        return 0.0
+    seconds_per_byte = wire_bytes_per_payload_byte(config.topology.mtu, job.transport) * 8 / (
+        config.topology.host_bw * 1e6)
+    front, n = sizes[0], len(config.worker_hosts)
+    if job.mode == "ps":
+        pulled = min(front, job.ps_slice_bytes) if job.ps_slice_bytes else front
+        return n * (front + pulled) * seconds_per_byte
+    return 2 * (n - 1) / n * front * seconds_per_byte
