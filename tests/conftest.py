@@ -33,6 +33,6 @@ def nothing_of_ours_left(request):
     if os.geteuid() != 0 or not any("integration" in item.keywords
                                     for item in request.session.items):
         return
-    from fabric_tools import leftovers
+    from helpers.fabric import leftovers
 
     assert leftovers(exclude={os.getppid()}) == [], "left behind after the suite"

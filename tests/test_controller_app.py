@@ -18,7 +18,7 @@ from controller.openflow import ETH_ARP, ETH_IP
 from controller.routing import plan_fabric
 from controller.scheduling import Job, JobFlow, Layer
 from controller.topology import Host
-from fabric_views import LEAF, SPINE, ip, leaf_spine
+from helpers.fabric_views import LEAF, SPINE, ip, leaf_spine
 from helpers.fakeswitch import CONTROLLER, FakeFabric, fields_of
 
 

@@ -12,6 +12,8 @@ import pytest
 from controller.__main__ import parse_args, port_in_use
 from controller.stats import PORT_COLUMNS, PortStatsWriter
 
+from helpers.loopback import free_port
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -53,12 +55,6 @@ def listening():
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         yield sock.getsockname()[1]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_port_in_use(listening):

@@ -17,7 +17,7 @@ from controller.pipeline import (FLOOD_ECHO_S, PROBE_MAGIC, Arp, HeldPackets, Ma
 from controller.priority import FlowClass
 from controller.routing import LB_MODES, SwitchPlan, plan_fabric
 from controller.scheduling import Job, JobFlow, Layer
-from fabric_views import LEAF, SPINE, fat_tree, hop_counts, ip, leaf_spine
+from helpers.fabric_views import LEAF, SPINE, fat_tree, hop_counts, ip, leaf_spine
 from helpers.fakeswitch import CONTROLLER, FakeFabric, FakeSwitch, FakeSwitchError
 
 FABRICS = {"2x2x2": lambda: leaf_spine(2, 2, 2), "3x3x2": lambda: leaf_spine(3, 3, 2),

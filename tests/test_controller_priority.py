@@ -4,7 +4,7 @@ from hypothesis import given, strategies as st
 
 from controller.priority import (MAX_FLOWS, FlowClass, class_selector, ingress_switch,
                                  parse_flow_classes)
-from fabric_views import LEAF, ip, leaf_spine
+from helpers.fabric_views import LEAF, ip, leaf_spine
 
 BASE = {"src": "10.0.0.1", "dst": "10.0.0.2", "dscp": 46}
 

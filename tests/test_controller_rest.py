@@ -25,7 +25,7 @@ from controller.rest import (MAX_BODY_BYTES, MAX_CONNECTIONS, MAX_JSON_DEPTH, ne
                              parse_marking, parse_unmarking, serve)
 from controller.scheduling import (FLOW_FIELDS, JOB_FIELDS, LAYER_FIELDS, MAX_HOSTS, MAX_LAYERS,
                                    parse_job)
-from test_controller_cli import free_port
+from helpers.loopback import free_port
 
 BASE_URL = "http://127.0.0.1:8080"
 A, B = "10.0.0.1", "10.0.0.2"

@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 from controller.routing import (LB_MODES, MAX_GROUP_ID, Group, Output, choose_single,
                                 group_id_of, plan_fabric)
 from controller.topology import FabricView
-from fabric_views import (AGG, LEAF, SPINE, add_switch, fat_tree, hop_counts, ip,
+from helpers.fabric_views import (AGG, LEAF, SPINE, add_switch, fat_tree, hop_counts, ip,
                           leaf_spine)
 
 SELECT = {"ecmp": "", "spray": "dp_hash"}

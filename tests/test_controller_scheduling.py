@@ -18,7 +18,8 @@ from controller.priority import MAX_FLOWS, FlowClass, port_range_blocks
 from controller.scheduling import (DROPPABLE_DSCP, GRADIENT_DSCPS, MAX_LAYERS, POLICIES, Layer,
                                    Policy, job_flow_classes, job_mark_count, layer_dscps,
                                    parse_job, rank_to_class, ranks_by, register)
-from test_controller_cli import REPO, free_port
+from helpers import REPO
+from helpers.loopback import free_port
 from topologies.fabric import Fabric
 
 CS6, CS5, CS4, CS3, CS2 = GRADIENT_DSCPS

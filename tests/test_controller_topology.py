@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from controller.topology import FabricView, Host
-from fabric_views import add_switch
+from helpers.fabric_views import add_switch
 
 
 @pytest.fixture

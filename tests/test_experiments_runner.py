@@ -2,10 +2,7 @@
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -14,7 +11,7 @@ import pytest
 from experiments import results
 from experiments.results import completed_run_ids, read_run_record
 from experiments.spec import load_spec
-from fabric_tools import REPO, experiments_cli, finish, leftovers
+from helpers.fabric import REPO, experiments_cli, finish, leftovers
 
 SMOKE = REPO / "experiments" / "smoke.yaml"
 OVERLOAD = REPO / "tests" / "fixtures" / "experiments" / "overload.yaml"

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from fabric_tools import make_fabric
+from helpers.fabric import make_fabric
 from topologies.machine import TRANSMIT_BUFFER_BYTES, port_socket_drops, transmit_buffer_bytes
 from topologies.ovslog import OvsLog
 

@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from fabric_tools import REPO, wait_until
+from helpers.fabric import REPO, wait_until
 from topologies.fabric import Fabric
 from topologies.machine import SOCKET_BUFFERS, read_sysctl
 

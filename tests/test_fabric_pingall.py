@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fabric_tools import LB_MODES, PYTHON, REPO, delta, make_fabric, spine_rx
+from helpers.fabric import LB_MODES, PYTHON, REPO, delta, make_fabric, spine_rx
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from fabric_tools import (LB_MODES, PYTHON, SPRAYER, delta, goodput_mbps, iperf, make_fabric, spine_rx,
+from helpers.fabric import (LB_MODES, PYTHON, SPRAYER, delta, goodput_mbps, iperf, make_fabric, spine_rx,
                           wait_until)
 from topologies.shaping import leaf_handle
 

@@ -19,7 +19,7 @@ import pytest
 
 from experiments.results import completed_run_ids, read_run_record
 from experiments.spec import load_spec
-from fabric_tools import LB_MODES, REPO, experiments_cli, finish, leftovers
+from helpers.fabric import LB_MODES, REPO, experiments_cli, finish, leftovers
 from topologies.fabric import Fabric
 
 pytestmark = pytest.mark.integration

@@ -1,6 +1,5 @@
 """Collectives over real TCP transports on loopback, one thread per rank."""
 import socket
-import threading
 
 import numpy as np
 import pytest
@@ -13,36 +12,7 @@ from hostapps.records import Recorder
 from hostapps.server import ParameterShard
 from hostapps.transport import MessageKey, Peer, TcpTransport, TransportError
 
-
-def run_threads(targets):
-    """Run callables in threads; re-raise the first exception."""
-    errors = []
-
-    def guard(target):
-        try:
-            target()
-        except BaseException as e:
-            errors.append(e)
-    threads = [threading.Thread(target=guard, args=(t,)) for t in targets]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert not any(t.is_alive() for t in threads), "a rank hung"
-    if errors:
-        raise errors[0]
-
-
-def connect_mesh(peers, addresses, timeout=5.0):
-    """Fully connected TcpTransports: the lower index dials."""
-    transports = [TcpTransport(p, a, 0, timeout) for p, a in zip(peers, addresses)]
-
-    def connect(i):
-        dial = {peers[j]: addresses[j] for j in range(i + 1, len(peers))}
-        accept = {peers[j]: addresses[j] for j in range(i)}
-        return lambda: transports[i].connect(dial, accept)
-    run_threads([connect(i) for i in range(len(peers))])
-    return transports
+from helpers.loopback import connect_mesh, run_threads
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

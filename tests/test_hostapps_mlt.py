@@ -17,7 +17,7 @@ from hostapps.mlt import (MltOptions, MltTransport, RateControl, Reassembly, fra
                           least_important_fragments, missing_fragments)
 from hostapps.mlt import pacing, receiver as mlt_receiver, sender as mlt_sender
 from hostapps.transport import MessageKey, Peer, TransportError
-from test_hostapps_training import run_job
+from helpers.loopback import run_job
 
 KEY = MessageKey(3, 1, 0)
 SENDER, RECEIVER = Peer("worker", 0), Peer("worker", 1)

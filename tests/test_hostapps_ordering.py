@@ -8,8 +8,8 @@ from hostapps.config import ConfigError, Model, ProcessConfig
 from hostapps.send_orders import TimeOracle, Unit, make_send_order
 from hostapps.sendloop import SendQueue
 from hostapps.transport import MessageKey, Peer
-from test_hostapps_collectives import connect_mesh, run_threads
-from test_hostapps_training import run_job
+from helpers.loopback import connect_mesh, run_threads
+from helpers.loopback import run_job
 
 NO_TIMES = TimeOracle([0.0] * 8, [0.0] * 8)
 

@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
@@ -13,33 +12,11 @@ import pytest
 from hostapps.config import Model, ProcessConfig
 from hostapps.profiles import resnet50
 from hostapps.records import ITERATION_COLUMNS, TENSOR_COLUMNS, Recorder
-from hostapps.server import run_server
 from hostapps.transport import Peer
-from hostapps.worker import run_worker
+
+from helpers.loopback import run_job
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def run_job(addresses, workers, mode="allreduce", shards=0, **options):
-    """Run every process of a job as a thread; return the worker summaries by rank."""
-    addrs = addresses(workers + shards)
-    results, errors = {}, []
-
-    def run(role, rank):
-        cfg = ProcessConfig(role=role, rank=rank, workers=addrs[:workers], servers=addrs[workers:], mode=mode,
-                        timeout=10.0, **options)
-        try:
-            results[(role, rank)] = (run_worker if role == "worker" else run_server)(cfg)
-        except BaseException as e:
-            errors.append(e)
-    threads = [threading.Thread(target=run, args=("worker", r)) for r in range(workers)]
-    threads += [threading.Thread(target=run, args=("server", s)) for s in range(shards)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
-    return [results[("worker", r)] for r in range(workers)]
 
 
 def test_allreduce_ps_and_single_worker_reach_the_same_parameters(loopback_addresses):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fabric_tools import REPO, experiments_cli, finish, leftovers
+from helpers.fabric import REPO, experiments_cli, finish, leftovers
 
 pytestmark = pytest.mark.integration
 

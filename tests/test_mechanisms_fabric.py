@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fabric_tools import experiments_cli, finish, leftovers
+from helpers.fabric import experiments_cli, finish, leftovers
 
 SPEC = Path(__file__).resolve().parent / "fixtures" / "experiments" / "mechanisms.yaml"
 

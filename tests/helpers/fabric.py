@@ -15,9 +15,10 @@ from topologies.cleanup import (LOCK_FILE, STATE_DIR, our_bridges, our_interface
                                 read_state)
 from topologies.fabric import Fabric
 
-REPO = Path(__file__).resolve().parent.parent
+from helpers import REPO
+
 PYTHON = str(REPO / ".venv" / "bin" / "python")
-SPRAYER = str(REPO / "tests" / "udp_sprayer.py")
+SPRAYER = str(REPO / "tests" / "helpers" / "udp_sprayer.py")
 LB_MODES = ["ecmp", "spray", "single"]
 
 

@@ -1,0 +1,70 @@
+"""In-process helpers: free ports, threads that re-raise, TCP meshes and whole training jobs on
+loopback (every process of a job as a thread)."""
+from __future__ import annotations
+
+import socket
+import threading
+
+from hostapps.config import ProcessConfig
+from hostapps.server import run_server
+from hostapps.transport import TcpTransport
+from hostapps.worker import run_worker
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_threads(targets):
+    """Run callables in threads; re-raise the first exception."""
+    errors = []
+
+    def guard(target):
+        try:
+            target()
+        except BaseException as e:
+            errors.append(e)
+    threads = [threading.Thread(target=guard, args=(t,)) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    if errors:
+        raise errors[0]
+
+
+def connect_mesh(peers, addresses, timeout=5.0):
+    """Fully connected TcpTransports: the lower index dials."""
+    transports = [TcpTransport(p, a, 0, timeout) for p, a in zip(peers, addresses)]
+
+    def connect(i):
+        dial = {peers[j]: addresses[j] for j in range(i + 1, len(peers))}
+        accept = {peers[j]: addresses[j] for j in range(i)}
+        return lambda: transports[i].connect(dial, accept)
+    run_threads([connect(i) for i in range(len(peers))])
+    return transports
+
+
+def run_job(addresses, workers, mode="allreduce", shards=0, **options):
+    """Run every process of a job as a thread; return the worker summaries by rank."""
+    addrs = addresses(workers + shards)
+    results, errors = {}, []
+
+    def run(role, rank):
+        cfg = ProcessConfig(role=role, rank=rank, workers=addrs[:workers], servers=addrs[workers:], mode=mode,
+                        timeout=10.0, **options)
+        try:
+            results[(role, rank)] = (run_worker if role == "worker" else run_server)(cfg)
+        except BaseException as e:
+            errors.append(e)
+    threads = [threading.Thread(target=run, args=("worker", r)) for r in range(workers)]
+    threads += [threading.Thread(target=run, args=("server", s)) for s in range(shards)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    return [results[("worker", r)] for r in range(workers)]
