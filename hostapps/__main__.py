@@ -25,15 +25,15 @@ def main(argv: list[str]) -> int:
         else:
             summary = run_server(cfg)
     except ConfigError as e:
-        print("error: %s" % e, file=sys.stderr, flush=True)
+        print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     except (TransportError, FrameError, TimeoutError, OSError) as e:
-        print("error: %s%d: %s" % (cfg.role, cfg.rank, e), file=sys.stderr, flush=True)
+        print(f"error: {cfg.role}{cfg.rank}: {e}", file=sys.stderr, flush=True)
         return 1
     accuracy = summary["final_accuracy"]
-    print("%s%d: done, %d iterations in %.2f s%s" % (
-        cfg.role, cfg.rank, cfg.iterations, summary["wall_time_s"],
-        "" if accuracy is None else ", test accuracy %.4f" % accuracy), flush=True)
+    tested = "" if accuracy is None else f", test accuracy {accuracy:.4f}"
+    print(f"{cfg.role}{cfg.rank}: done, {cfg.iterations} iterations in {summary['wall_time_s']:.2f} s{tested}",
+          flush=True)
     return 0
 
 

@@ -31,7 +31,7 @@ PS_TENSORS = 4  # a PS message is split into this many tensors, as layers would 
 
 def _bench_model(nbytes: int) -> FlatModel:
     size = nbytes // 4 // PS_TENSORS
-    return FlatModel([SimpleNamespace(name="t%d" % i, size=size) for i in range(PS_TENSORS)])
+    return FlatModel([SimpleNamespace(name=f"t{i}", size=size) for i in range(PS_TENSORS)])
 
 
 def _measure(cfg: ProcessConfig, rounds: int, one_round) -> dict:
@@ -52,7 +52,8 @@ def _allreduce_process(cfg: ProcessConfig, nbytes: int, rounds: int, results) ->
     left, right = ring_neighbours(cfg.rank, cfg.world)
 
     def one_round(transport, state, r):
-        flat, scratch = state or (np.ones(nbytes // 4, dtype=np.float32), np.empty(nbytes // 4 // cfg.world + 1, np.float32))
+        flat, scratch = state or (np.ones(nbytes // 4, dtype=np.float32),
+                                  np.empty(nbytes // 4 // cfg.world + 1, np.float32))
         ring_allreduce(transport, left, right, cfg.rank, cfg.world, r, 0, flat, scratch)
         return flat, scratch
     results.put(_measure(cfg, rounds, one_round))
@@ -140,7 +141,8 @@ def bench_overlap(iterations: int, mode: str = "allreduce", send_order: str = "r
                            + [(_overlap_process, (cfg("server", s),)) for s in range(len(servers))],
                            expected=len(workers))
     wait, busy = sum(f["wait"] for f in found), sum(f["busy"] for f in found)
-    return dict(hidden=max(0.0, 1.0 - wait / busy) if busy else 1.0, iteration_s=np.mean([f["iteration_s"] for f in found]),
+    return dict(hidden=max(0.0, 1.0 - wait / busy) if busy else 1.0,
+                iteration_s=np.mean([f["iteration_s"] for f in found]),
                 comm_s=busy / len(found) / (iterations - 1), wait_s=wait / len(found) / (iterations - 1))
 
 
@@ -153,22 +155,23 @@ def main() -> None:
     parser.add_argument("--transport", default="tcp", help="tcp, or mlt (paces sends at --link-mbps)")
     parser.add_argument("--orders-only", action="store_true", help="skip the throughput table")
     args = parser.parse_args()
-    print("host apps on loopback, %d processes" % PROCESSES)
-    print("%-34s %10s %12s %10s" % ("collective", "ms/round", "tensor MB/s", "CPU s/MB"))
+    print(f"host apps on loopback, {PROCESSES} processes")
+    print(f'{"collective":<34} {"ms/round":>10} {"tensor MB/s":>12} {"CPU s/MB":>10}')
     for mb in () if args.orders_only else (1, 4, 16):
         for name, bench in (("ring all-reduce, 4 workers", bench_allreduce), ("PS, 3 workers + 1 server", bench_ps)):
             r = bench(mb * 1000 * 1000, args.rounds)
-            print("%-34s %10.1f %12.1f %10.5f" % ("%s, %2d MB" % (name, mb), r["seconds"] * 1e3, r["mb_per_s"],
-                                                  r["cpu_s_per_mb"]))
-    print("ResNet-50 profile, scale 0.01, %s at %g Mbit/s: overlap = share of communication hidden behind compute"
-          % (args.transport, args.link_mbps))
-    print("%-34s %12s %10s %10s %10s" % ("mode, send order", "iteration ms", "comm ms", "wait ms", "overlap"))
-    for mode, orders in (("allreduce", ("ready", "caramel", "bytescheduler")), ("ps", ("ready", "priority", "tic", "tac"))):
+            label = f"{name}, {mb:2d} MB"
+            print(f"{label:<34} {r['seconds'] * 1e3:10.1f} {r['mb_per_s']:12.1f} {r['cpu_s_per_mb']:10.5f}")
+    print(f"ResNet-50 profile, scale 0.01, {args.transport} at {args.link_mbps:g} Mbit/s: "
+          "overlap = share of communication hidden behind compute")
+    print(f'{"mode, send order":<34} {"iteration ms":>12} {"comm ms":>10} {"wait ms":>10} {"overlap":>10}')
+    for mode, orders in (("allreduce", ("ready", "caramel", "bytescheduler")),
+                         ("ps", ("ready", "priority", "tic", "tac"))):
         for order in orders:
             r = bench_overlap(args.iterations, mode, order, link_mbps=args.link_mbps, transport=args.transport)
-            print("%-34s %12.1f %10.1f %10.1f %9.0f%%" % (
-                "%s, %s" % ("4-worker all-reduce" if mode == "allreduce" else "3 workers + PS", order),
-                r["iteration_s"] * 1e3, r["comm_s"] * 1e3, r["wait_s"] * 1e3, 100 * r["hidden"]))
+            label = f"{'4-worker all-reduce' if mode == 'allreduce' else '3 workers + PS'}, {order}"
+            print(f"{label:<34} {r['iteration_s'] * 1e3:12.1f} {r['comm_s'] * 1e3:10.1f} {r['wait_s'] * 1e3:10.1f} "
+                  f"{100 * r['hidden']:9.0f}%")
     print("link budget: at 100 Mbit/s a host moves <= 25 MB/s sent+received, i.e. needs < 0.04 CPU s/MB")
 
 

@@ -63,8 +63,7 @@ class Frame(NamedTuple):
 def encode_header(frame: Frame) -> bytes:
     """Pack a frame header; the payload (frame.length bytes) is sent after it."""
     if not 0 <= frame.offset <= frame.total - frame.length:
-        raise FrameError("fragment %d+%d lies outside a %d-byte message"
-                         % (frame.offset, frame.length, frame.total))
+        raise FrameError(f"fragment {frame.offset}+{frame.length} lies outside a {frame.total}-byte message")
     return HEADER.pack(MAGIC, VERSION, frame.kind, ROLES.index(frame.role), frame.rank,
                        frame.step, frame.job, frame.iteration, frame.tensor,
                        frame.offset, frame.length, frame.total)
@@ -73,21 +72,21 @@ def encode_header(frame: Frame) -> bytes:
 def decode_header(data: bytes | bytearray | memoryview) -> Frame:
     """Unpack and validate a header; raise FrameError on anything malformed."""
     if len(data) != HEADER.size:
-        raise FrameError("header is %d bytes, expected %d" % (len(data), HEADER.size))
+        raise FrameError(f"header is {len(data)} bytes, expected {HEADER.size}")
     (magic, version, kind, role, rank, step, job, iteration, tensor,
      offset, length, total) = HEADER.unpack(data)
     if magic != MAGIC:
-        raise FrameError("bad magic %r" % bytes(magic))
+        raise FrameError(f"bad magic {bytes(magic)!r}")
     if version != VERSION:
-        raise FrameError("unsupported version %d" % version)
+        raise FrameError(f"unsupported version {version}")
     if kind not in KINDS:
-        raise FrameError("unknown frame kind %d" % kind)
+        raise FrameError(f"unknown frame kind {kind}")
     if role >= len(ROLES):
-        raise FrameError("unknown sender role %d" % role)
+        raise FrameError(f"unknown sender role {role}")
     if total > MAX_MESSAGE_BYTES or length > MAX_FRAGMENT_BYTES:
-        raise FrameError("message of %d bytes exceeds the limit" % max(total, length))
+        raise FrameError(f"message of {max(total, length)} bytes exceeds the limit")
     if offset + length > total:
-        raise FrameError("fragment %d+%d lies outside a %d-byte message" % (offset, length, total))
+        raise FrameError(f"fragment {offset}+{length} lies outside a {total}-byte message")
     if kind == KIND_HELLO and total:
         raise FrameError("hello frame carries a payload")
     return Frame(kind, ROLES[role], rank, step, job, iteration, tensor, offset, length, total)
@@ -115,23 +114,22 @@ def encode_datagram_header(frame: Frame, sequence: int, fragment_bytes: int, del
 def decode_datagram(data: memoryview) -> Datagram:
     """Unpack and validate one whole datagram; raise FrameError on anything malformed."""
     if len(data) < DATAGRAM_HEADER_BYTES:
-        raise FrameError("datagram of %d bytes is shorter than its header" % len(data))
+        raise FrameError(f"datagram of {len(data)} bytes is shorter than its header")
     frame = decode_header(data[:HEADER.size])
     sequence, fragment_bytes, delivered, advised_kbps = DATAGRAM.unpack_from(data, HEADER.size)
     payload = data[DATAGRAM_HEADER_BYTES:]
     if len(payload) != frame.length:
-        raise FrameError("datagram carries %d payload bytes, header says %d" % (len(payload), frame.length))
+        raise FrameError(f"datagram carries {len(payload)} payload bytes, header says {frame.length}")
     if delivered > frame.total:
-        raise FrameError("%d bytes delivered of a %d-byte message" % (delivered, frame.total))
+        raise FrameError(f"{delivered} bytes delivered of a {frame.total}-byte message")
     if frame.kind in (KIND_DATA, KIND_NACK) and fragment_bytes == 0:
         raise FrameError("fragment size 0")
     if frame.kind == KIND_DATA and (frame.offset % fragment_bytes
                                     or frame.length != min(fragment_bytes, frame.total - frame.offset)):
-        raise FrameError("fragment %d+%d is off the %d-byte grid of a %d-byte message" % (
-            frame.offset, frame.length, fragment_bytes, frame.total))
+        raise FrameError(f"fragment {frame.offset}+{frame.length} is off the {fragment_bytes}-byte grid "
+                         f"of a {frame.total}-byte message")
     if frame.kind == KIND_NACK and (frame.offset or frame.length != nack_bitmap_bytes(frame.total, fragment_bytes)):
-        raise FrameError("NACK bitmap of %d bytes for %d fragments" % (
-            frame.length, -(-frame.total // fragment_bytes)))
+        raise FrameError(f"NACK bitmap of {frame.length} bytes for {-(-frame.total // fragment_bytes)} fragments")
     if frame.kind not in (KIND_DATA, KIND_NACK) and frame.length:
-        raise FrameError("control frame kind %d carries a payload" % frame.kind)
+        raise FrameError(f"control frame kind {frame.kind} carries a payload")
     return Datagram(frame, sequence, fragment_bytes, delivered, advised_kbps, payload)

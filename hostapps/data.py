@@ -39,9 +39,9 @@ class ShardedBatches:
 
     def __init__(self, split: Split, global_batch: int, rank: int, world: int, seed: int):
         if global_batch % world:
-            raise ValueError("global batch %d does not split evenly over %d workers" % (global_batch, world))
+            raise ValueError(f"global batch {global_batch} does not split evenly over {world} workers")
         if global_batch < world:
-            raise ValueError("global batch %d leaves workers with no data (%d workers)" % (global_batch, world))
+            raise ValueError(f"global batch {global_batch} leaves workers with no data ({world} workers)")
         self.x, self.y = split.x_train, split.y_train
         self.global_batch, self.rank, self.world, self.seed = global_batch, rank, world, seed
         self._permutations: dict[int, np.ndarray] = {}

@@ -64,7 +64,8 @@ class Conv3x3:
 
     def bind(self, params: np.ndarray, grads: np.ndarray) -> None:
         self.weight, self.bias = params[:9 * self.channels].reshape(9, self.channels), params[9 * self.channels:]
-        self.grad_weight, self.grad_bias = grads[:9 * self.channels].reshape(9, self.channels), grads[9 * self.channels:]
+        self.grad_weight = grads[:9 * self.channels].reshape(9, self.channels)
+        self.grad_bias = grads[9 * self.channels:]
 
     def init(self, rng: np.random.Generator) -> None:
         self.weight[...] = rng.normal(0.0, np.sqrt(2.0 / 9), self.weight.shape)
@@ -132,7 +133,7 @@ class Network(FlatModel):
             layers.append(Conv3x3("conv", conv_channels))
             n_in *= conv_channels
         for i in range(depth):
-            layers.append(Dense("fc%d" % (i + 1), n_in, width, relu=True))
+            layers.append(Dense(f"fc{i + 1}", n_in, width, relu=True))
             n_in = width
         layers.append(Dense("out", n_in, CLASSES, relu=False))
         super().__init__(layers)
