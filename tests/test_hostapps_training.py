@@ -103,8 +103,8 @@ def test_cli_ps_job_writes_the_output_contract(loopback_addresses, tmp_path):
     addrs = loopback_addresses(4)
     common = ["--workers", peer_list(addrs[:2]), "--servers", peer_list(addrs[2:]), "--mode", "ps",
               "--iterations", "12", "--batch", "32", "--eval-every", "5", "--timeout", "20"]
-    procs = [start("worker", "--rank", str(r), "--out", str(tmp_path / ("w%d" % r)), *common) for r in range(2)]
-    procs += [start("server", "--rank", str(s), "--out", str(tmp_path / ("s%d" % s)), *common) for s in range(2)]
+    procs = [start("worker", "--rank", str(r), "--out", str(tmp_path / (f"w{r}")), *common) for r in range(2)]
+    procs += [start("server", "--rank", str(s), "--out", str(tmp_path / (f"s{s}")), *common) for s in range(2)]
     outputs = [p.communicate(timeout=60) for p in procs]
     assert [p.returncode for p in procs] == [0] * 4, outputs
     with open(tmp_path / "w1" / "iterations.csv") as f:
@@ -126,7 +126,7 @@ def test_cli_ps_job_writes_the_output_contract(loopback_addresses, tmp_path):
         summary["final_accuracy"] - float(rows[-1]["test_accuracy"])) < 1e-4
     trace = json.loads((tmp_path / "w0" / "trace.json").read_text())
     assert {e["cat"] for e in trace["traceEvents"]} >= {"compute", "comm"}
-    final = [np.load(tmp_path / ("w%d" % r) / "model.npz") for r in range(2)]
+    final = [np.load(tmp_path / (f"w{r}") / "model.npz") for r in range(2)]
     assert set(final[0].files) == {"fc1", "fc2", "out"}
     assert all(np.array_equal(final[0][k], final[1][k]) for k in final[0].files)
 
