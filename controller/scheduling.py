@@ -117,20 +117,24 @@ class LayerOrder(Policy):
 
 @register
 class TicTac(Policy):
-    """TicTac's TIC order: a parameter is as urgent as the number of ops that must run before
-    the forward pass uses it, which on a chain of layers is the forward order. When every layer
-    has `fwd_ms`, the key is the time until the layer is needed (the forward time of the layers
-    before it), so layers needed at the same moment (zero-time layers) share a class."""
+    """TicTac's TIC order: a parameter is as urgent as the moment the forward pass needs it.
+    When every layer has `fwd_ms`, class k holds the layers needed (after the forward time of
+    the layers before them) in the k-th fifth of the forward pass: the classes split its time,
+    not its layer count, so a slow front layer keeps the top class to itself while many quick
+    layers needed at about the same moment share one. Without timing, or with no forward time
+    at all, the forward order (on a chain of layers, TIC's count of ops before the consumer)."""
     name = "tictac"
 
     def ranks(self, layers: Sequence[Layer]) -> dict[int, int]:
-        if any(layer.fwd_ms is None for layer in layers):
+        forward_ms = [layer.fwd_ms for layer in layers]
+        if None in forward_ms or not sum(forward_ms):
             return ranks_by(layers, lambda layer: layer.index)
         chain = sorted(layers, key=lambda layer: layer.index)
-        needed_at = dict(zip((layer.index for layer in chain),
-                             itertools.accumulate((layer.fwd_ms for layer in chain[:-1]),
-                                                  initial=0.0)))
-        return ranks_by(layers, lambda layer: needed_at[layer.index])
+        needed_at = itertools.accumulate((layer.fwd_ms for layer in chain[:-1]), initial=0.0)
+        classes, total = len(GRADIENT_DSCPS), sum(forward_ms)
+        # zero-time layers at the end are needed at `total` itself: they join the last fifth
+        return {layer.index: min(classes - 1, int(classes * at / total))
+                for layer, at in zip(chain, needed_at)}
 
 
 @register

@@ -48,7 +48,7 @@ from experiments.results import (PORT_COLUMNS, PORT_RATE_COLUMNS, aggregate, com
 from hostapps.files import write_text
 from experiments.sampler import FabricSampler
 from experiments.spec import Run, Spec, Topology
-from hostapps.config import ProcessConfig, Training, build_model, process_arguments
+from hostapps.config import ProcessConfig, Training, build_model, layer_times_s, process_arguments
 from hostapps.mlt import payload_for_mtu
 from topologies import cluster
 from topologies.cleanup import REPO
@@ -332,10 +332,14 @@ def lower_bound_s(run: Run) -> float:
 
 
 def layer_table(run: Run) -> list[dict]:
-    """The job's layers (index, name, bytes) as the host apps build the model."""
+    """The job's layers as the host apps build the model: index, name, bytes, and a worker's
+    forward and backward compute in milliseconds (what the tictac policy times its classes by)."""
     ip = {host: "127.0.0.1" for host in run.config.hosts}
-    model = build_model(process_config(run, "worker", 0, ip))
-    return [{"index": i, "name": layer.name, "bytes": int(layer.size) * 4}
+    config = process_config(run, "worker", 0, ip)
+    model = build_model(config)
+    forward_s, backward_s = layer_times_s(model, config.batch // config.world)
+    return [{"index": i, "name": layer.name, "bytes": int(layer.size) * 4,
+             "fwd_ms": forward_s[i] * 1000, "bwd_ms": backward_s[i] * 1000}
             for i, layer in enumerate(model.layers)]
 
 
@@ -350,6 +354,23 @@ def traffic_bounds(run: Run) -> dict[str, float]:
     return {"link_bound_s": traffic.link_bound_s(run, sizes), "tail_comm_s": traffic.tail_comm_s(run, sizes)}
 
 
+def job_document(run: Run, job_id: str, ip: dict[str, str]) -> dict:
+    """The job as `POST /jobs` takes it (controller/scheduling.py): its policy, hosts, layer table
+    and, with TCP, its connections each way between every two of its processes."""
+    config = run.config
+    proto = "udp" if run.job.transport == "mlt" else "tcp"
+    ports = {host: WORKER_PORT for host in config.worker_hosts}
+    ports.update({host: SERVER_PORT for host in config.server_hosts})
+    flows = []
+    for src in ports if proto == "tcp" else ():
+        for dst, port in ports.items():
+            if src != dst:  # to the peer's listening port, and the answers from it
+                flows.append({"src": ip[src], "dst": ip[dst], "proto": proto, "dport": port})
+                flows.append({"src": ip[dst], "dst": ip[src], "proto": proto, "sport": port})
+    return {"job": job_id, "policy": run.controller.sched, "hosts": [ip[h] for h in ports],
+            "layers": layer_table(run), "flows": flows}
+
+
 def register_job(fab: Fabric, run: Run, job_id: str, registered: list[dict]) -> dict[int, int]:
     """Register the job's layer table and flows with the controller, whose scheduling policy
     turns them into DSCP classes; returns layer -> DSCP for the host apps (none for fifo).
@@ -362,19 +383,7 @@ def register_job(fab: Fabric, run: Run, job_id: str, registered: list[dict]) -> 
     The job document is appended to `registered` (to register it again after a restart)."""
     if run.controller.sched == "fifo" and not run.job.drop_marking:
         return {}
-    config = run.config
-    ip = host_ips(fab, run)
-    proto = "udp" if run.job.transport == "mlt" else "tcp"
-    ports = {host: WORKER_PORT for host in config.worker_hosts}
-    ports.update({host: SERVER_PORT for host in config.server_hosts})
-    flows = []
-    for src in ports if proto == "tcp" else ():
-        for dst, port in ports.items():
-            if src != dst:  # to the peer's listening port, and the answers from it
-                flows.append({"src": ip[src], "dst": ip[dst], "proto": proto, "dport": port})
-                flows.append({"src": ip[dst], "dst": ip[src], "proto": proto, "sport": port})
-    document = {"job": job_id, "policy": run.controller.sched, "hosts": [ip[h] for h in ports],
-                "layers": layer_table(run), "flows": flows}
+    document = job_document(run, job_id, host_ips(fab, run))
     job = fab.rest("/jobs", "POST", document)
     registered.append(document)
     return {layer["index"]: layer["dscp"] for layer in job["layers"]}

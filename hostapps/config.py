@@ -245,3 +245,11 @@ def build_model(cfg: ProcessConfig) -> FlatModel:
                               f"({largest.size * 4} bytes) into {slices} slices, more than the {MAX_PS_SLICES} "
                               "the message step field can number")
     return model
+
+
+def layer_times_s(model: FlatModel, rows: int) -> tuple[list[float], list[float]]:
+    """Per-layer forward and backward seconds of a worker's iteration on `rows` samples: what a
+    profile emulates, or the numpy network's estimate from its FLOPs."""
+    if isinstance(model, ProfileModel):
+        return model.forward_s, model.backward_s
+    return model.estimated_times_s(rows)

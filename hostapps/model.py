@@ -16,6 +16,10 @@ from hostapps.data import CLASSES, IMAGE_SIDE
 # Called with a layer index just before that layer's forward: where a worker
 # waits for the layer's parameters from the previous iteration.
 BeforeLayer = Callable[[int], None]
+# Float32 FLOPs per second assumed of numpy on one core (BLAS matmuls, order of magnitude): turns
+# the layers' FLOPs into the compute times the controller's tictac classes are timed by, where only
+# their ratios matter.
+NUMPY_FLOPS_PER_S = 1e10
 
 
 class Dense:
@@ -24,6 +28,9 @@ class Dense:
     def __init__(self, name: str, n_in: int, n_out: int, relu: bool):
         self.name, self.n_in, self.n_out, self.relu = name, n_in, n_out, relu
         self.size = n_in * n_out + n_out
+
+    def forward_flops(self, rows: int) -> float:
+        return 2.0 * self.n_in * self.n_out * rows  # 2 per multiply-add
 
     def bind(self, params: np.ndarray, grads: np.ndarray) -> None:
         cut = self.n_in * self.n_out
@@ -61,6 +68,9 @@ class Conv3x3:
     def __init__(self, name: str, channels: int):
         self.name, self.channels = name, channels
         self.size = 9 * channels + channels
+
+    def forward_flops(self, images: int) -> float:
+        return 2.0 * 9 * self.channels * IMAGE_SIDE * IMAGE_SIDE * images
 
     def bind(self, params: np.ndarray, grads: np.ndarray) -> None:
         self.weight, self.bias = params[:9 * self.channels].reshape(9, self.channels), params[9 * self.channels:]
@@ -149,6 +159,13 @@ class Network(FlatModel):
             x = layer.forward(x)
         loss, self._dlogits = softmax_cross_entropy(x, labels)
         return loss
+
+    def estimated_times_s(self, rows: int) -> tuple[list[float], list[float]]:
+        """Per-layer forward and backward seconds on a batch of `rows`, from the layers' FLOPs at
+        NUMPY_FLOPS_PER_S. Backward computes the weight gradient and, but for the first layer, the
+        input gradient: each a matmul as large as the forward one."""
+        forward_s = [layer.forward_flops(rows) / NUMPY_FLOPS_PER_S for layer in self.layers]
+        return forward_s, [seconds * (1 if i == 0 else 2) for i, seconds in enumerate(forward_s)]
 
     def backward(self) -> Iterator[int]:
         dy = self._dlogits

@@ -30,6 +30,14 @@ scale * REFERENCE_LINK_GBPS / link rate: the published compute paired with a
 10 Gbit/s host link, the interconnect these profiles would have run on.
 Compute is emulated by sleeping to a running deadline, which leaves the CPU to
 the communication threads as a GPU would.
+
+A profile may carry its forward DAG (`Profile.graph`, ResNet-50's has the
+shortcut branches): ops, the ops whose outputs each reads and the parameter
+tensors (profile layers) each reads, which TicTac's send orders rank
+transfers by (hostapps/send_orders.py).  An op's compute is its layers'
+forward time; parameter-free ops (a residual add) take none, since the
+published time is split over the parametrized layers.  Without a graph a
+profile is the chain of its layers.
 """
 import time
 from dataclasses import dataclass
@@ -51,12 +59,26 @@ class ProfileLayer:
 
 
 @dataclass(frozen=True)
+class Op:
+    """One op of a forward DAG, listed after the ops it reads (a graph is a topological order)."""
+    name: str
+    inputs: tuple[int, ...]  # the ops whose outputs it reads, by position in the graph
+    params: tuple[int, ...]  # the parameter tensors (profile layers) it reads
+
+
+def chain_graph(layers: int) -> tuple[Op, ...]:
+    """The forward DAG of a chain model: op k reads layer k and op k - 1's output."""
+    return tuple(Op(f"layer{k}", (k - 1,) if k else (), (k,)) for k in range(layers))
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     layers: list[ProfileLayer]
     forward_s: float   # published forward time of one batch
     backward_s: float  # published backward time of one batch
     source: str
+    graph: tuple[Op, ...] = ()  # the forward DAG; empty: the chain of the layers
 
     @property
     def params(self) -> int:
@@ -77,27 +99,52 @@ def _dense(name: str, n_in: int, n_out: int, rows: int) -> ProfileLayer:
     return ProfileLayer(name, n_in * n_out + n_out, 2.0 * n_in * n_out * rows)
 
 
-def resnet50(batch: int = 16) -> list[ProfileLayer]:
-    """ResNet-50 with the stride on the 3x3 conv (fb.resnet.torch, torchvision), 224x224 input."""
-    layers = [_conv("conv1", 7, 3, 64, 112, batch, False), _norm("bn1", 64, 64 * 112 * 112, batch)]
+class _GraphBuilder:
+    """A profile's layers and its forward DAG, built together: each layer is read by one op."""
+
+    def __init__(self) -> None:
+        self.layers: list[ProfileLayer] = []
+        self.ops: list[Op] = []
+
+    def layer(self, layer: ProfileLayer, *inputs: int) -> int:
+        """Append the layer and the op that reads it (after `inputs`); return the op."""
+        self.layers.append(layer)
+        return self.op(layer.name, inputs, (len(self.layers) - 1,))
+
+    def op(self, name: str, inputs: tuple[int, ...], params: tuple[int, ...] = ()) -> int:
+        self.ops.append(Op(name, inputs, params))
+        return len(self.ops) - 1
+
+
+def resnet50(batch: int = 16) -> tuple[list[ProfileLayer], tuple[Op, ...]]:
+    """ResNet-50 with the stride on the 3x3 conv (fb.resnet.torch, torchvision), 224x224 input,
+    and its forward DAG: in each block the main path (three convs, each with its batch-norm) and
+    the shortcut, through a downsample conv in a stage's first block, meet in an add."""
+    graph = _GraphBuilder()
+    x = graph.layer(_conv("conv1", 7, 3, 64, 112, batch, False))
+    x = graph.layer(_norm("bn1", 64, 64 * 112 * 112, batch), x)
     side, c_in = 56, 64
     for stage, (blocks, mid, stride) in enumerate([(3, 64, 1), (4, 128, 2), (6, 256, 2), (3, 512, 2)], 1):
         c_out = 4 * mid
         for block in range(blocks):
             s = stride if block == 0 else 1
             out_side = side // s
-            p = "layer%d.%d." % (stage, block)
-            layers += [_conv(p + "conv1", 1, c_in, mid, side, batch, False),
-                       _norm(p + "bn1", mid, mid * side * side, batch),
-                       _conv(p + "conv2", 3, mid, mid, out_side, batch, False),
-                       _norm(p + "bn2", mid, mid * out_side * out_side, batch),
-                       _conv(p + "conv3", 1, mid, c_out, out_side, batch, False),
-                       _norm(p + "bn3", c_out, c_out * out_side * out_side, batch)]
+            p = f"layer{stage}.{block}."
+            main = graph.layer(_conv(p + "conv1", 1, c_in, mid, side, batch, False), x)
+            main = graph.layer(_norm(p + "bn1", mid, mid * side * side, batch), main)
+            main = graph.layer(_conv(p + "conv2", 3, mid, mid, out_side, batch, False), main)
+            main = graph.layer(_norm(p + "bn2", mid, mid * out_side * out_side, batch), main)
+            main = graph.layer(_conv(p + "conv3", 1, mid, c_out, out_side, batch, False), main)
+            main = graph.layer(_norm(p + "bn3", c_out, c_out * out_side * out_side, batch), main)
+            shortcut = x
             if block == 0:
-                layers += [_conv(p + "downsample.0", 1, c_in, c_out, out_side, batch, False),
-                           _norm(p + "downsample.1", c_out, c_out * out_side * out_side, batch)]
+                shortcut = graph.layer(_conv(p + "downsample.0", 1, c_in, c_out, out_side, batch, False), x)
+                shortcut = graph.layer(_norm(p + "downsample.1", c_out, c_out * out_side * out_side, batch),
+                                       shortcut)
+            x = graph.op(p + "add", (main, shortcut))
             side, c_in = out_side, c_out
-    return layers + [_dense("fc", 2048, 1000, batch)]
+    graph.layer(_dense("fc", 2048, 1000, batch), x)
+    return graph.layers, tuple(graph.ops)
 
 
 def vgg16(batch: int = 16) -> list[ProfileLayer]:
@@ -134,9 +181,14 @@ def bert_base(batch: int = 16, seq: int = 128) -> list[ProfileLayer]:
     return layers + [_dense("pooler.dense", hidden, hidden, batch)]
 
 
+def _resnet50_profile() -> Profile:
+    layers, graph = resnet50()
+    return Profile("resnet50", layers, 0.05067, 0.15390 - 0.05067,
+                   "jcjohnson/cnn-benchmarks, GTX 1080, cuDNN 5005, batch 16", graph)
+
+
 PROFILES: dict[str, Callable[[], Profile]] = {
-    "resnet50": lambda: Profile("resnet50", resnet50(), 0.05067, 0.15390 - 0.05067,
-                                "jcjohnson/cnn-benchmarks, GTX 1080, cuDNN 5005, batch 16"),
+    "resnet50": _resnet50_profile,
     "vgg16": lambda: Profile("vgg16", vgg16(), 0.06656, 0.23255 - 0.06656,
                              "jcjohnson/cnn-benchmarks, GTX 1080, cuDNN 5005, batch 16"),
     "bert_base": lambda: Profile("bert_base", bert_base(), 0.3456 / 3, 0.3456 * 2 / 3,

@@ -5,7 +5,8 @@ command line's choices are read from); the send loop (hostapps/sendloop.py) asks
 the units that are ready. The default sends in ready order; `best` names the strongest order of
 each mode.
 
-* PS mode: `priority` (front layers first, as P3), `tic` and `tac` (TicTac)
+* PS mode: `priority` (front layers first, as P3), `tic` and `tac` (TicTac,
+  on the model's forward DAG: a profile's graph, else the chain of its layers)
   order worker gradient pushes and the server's parameter returns; `random`
   is TicTac's baseline, no enforced order.
 * Allreduce mode: every rank must take the same units in the same order or the
@@ -15,12 +16,13 @@ each mode.
   other ranks on how many units are ready everywhere (`agree`), and picks
   only among those.
 """
+import math
 import random
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from hostapps.model import FlatModel
-from hostapps.profiles import ProfileModel
+from hostapps.profiles import Op, ProfileModel, chain_graph
 
 
 @dataclass(frozen=True)
@@ -37,16 +39,110 @@ class Unit:
 
 @dataclass(frozen=True)
 class TimeOracle:
-    """Per-layer seconds TAC plans with (TicTac's time oracle): forward compute and transfer of each layer."""
+    """Per-layer seconds TAC plans with (TicTac's time oracle): forward compute and transfer of each layer,
+    and the forward DAG of the model's ops (empty: the chain of its layers)."""
     forward_s: Sequence[float]
     transfer_s: Sequence[float]
+    graph: Sequence[Op] = ()
+
+    def forward_graph(self) -> Sequence[Op]:
+        return self.graph or chain_graph(len(self.forward_s))
 
 
 def time_oracle(model: FlatModel, link_mbps: float) -> TimeOracle:
-    """Forward times of a profile's emulated compute (the MLP's real compute is negligible: 0) and
-    transfer times at the emulated link rate."""
-    forward_s = model.forward_s if isinstance(model, ProfileModel) else [0.0] * len(model.layers)
-    return TimeOracle(forward_s, [layer.size * 4 * 8 / (link_mbps * 1e6) for layer in model.layers])
+    """Forward times of a profile's emulated compute (the MLP's real compute is negligible: 0) and its graph,
+    and transfer times at the emulated link rate."""
+    profile = isinstance(model, ProfileModel)
+    forward_s = model.forward_s if profile else [0.0] * len(model.layers)
+    return TimeOracle(forward_s, [layer.size * 4 * 8 / (link_mbps * 1e6) for layer in model.layers],
+                      model.profile.graph if profile else ())
+
+
+# -- TicTac on a forward DAG (Hashemi et al., "TicTac", MLSys'19, section 4) ---------------------------
+def op_compute_s(graph: Sequence[Op], forward_s: Sequence[float]) -> list[float]:
+    """Each op's compute: the forward time of the layers it reads (a parameter-free op takes none)."""
+    return [sum(forward_s[param] for param in op.params) for op in graph]
+
+
+def transfer_dependencies(graph: Sequence[Op]) -> list[frozenset[int]]:
+    """Each op's communication dependency (TicTac's op.dep): the parameter transfers that must complete
+    before it runs, its own and those of every op it reads from."""
+    dependencies: list[frozenset[int]] = []
+    for op in graph:
+        dependencies.append(frozenset(op.params).union(*(dependencies[i] for i in op.inputs)))
+    return dependencies
+
+
+def tic_priorities(graph: Sequence[Op]) -> dict[int, int]:
+    """TIC, from the DAG alone: a transfer's priority (lower first) is the number of transfers of the
+    earliest op that needs it, i.e. of the op needing it with the fewest dependencies.  On a chain,
+    layer k gets k + 1: front layers first."""
+    priority: dict[int, int] = {}
+    for dependency in transfer_dependencies(graph):
+        for param in dependency:
+            priority[param] = min(priority.get(param, len(dependency)), len(dependency))
+    return priority
+
+
+def tac_order(graph: Sequence[Op], forward_s: Sequence[float], transfer_s: Sequence[float]) -> list[int]:
+    """TAC, timed by the oracle: the order of the parameter transfers, picked one at a time among the
+    outstanding transfers of the op that needs the least communication to run (the least op.M), by
+    TicTac's comparator of two transfers A and B: A first if min(P_A, M_B) > min(P_B, M_A), i.e. sending
+    A first overlaps more of B's transfer with compute that A alone unblocks; equal, the lower
+    M+ first.  Over the ops still waiting for transfers, an outstanding transfer r has
+      M   its transfer time (an op's M: the sum over the outstanding transfers it needs),
+      P   the compute of the ops whose only outstanding transfer is r,
+      M+  the least M of an op that needs r and other outstanding transfers.
+    On a chain the order is front layers first."""
+    dependencies = transfer_dependencies(graph)
+    compute = op_compute_s(graph, forward_s)
+    outstanding = set().union(*dependencies)
+    order = []
+    while outstanding:
+        waiting = [(dependency & outstanding, seconds) for dependency, seconds in zip(dependencies, compute)
+                   if dependency & outstanding]
+        communication = [sum(transfer_s[r] for r in needs) for needs, _ in waiting]
+        unblocked = dict.fromkeys(outstanding, 0.0)         # P
+        impending = dict.fromkeys(outstanding, math.inf)    # M+
+        for (needs, seconds), op_m in zip(waiting, communication):
+            if len(needs) == 1:
+                unblocked[next(iter(needs))] += seconds
+            else:
+                for r in needs:
+                    impending[r] = min(impending[r], op_m)
+        least = min(communication)
+        candidates = sorted(set().union(*(needs for (needs, _), op_m in zip(waiting, communication)
+                                          if op_m == least)))
+
+        def first(a: int, b: int) -> bool:
+            """Does A go before B (TicTac's comparator)?"""
+            overlap_a, overlap_b = min(unblocked[a], transfer_s[b]), min(unblocked[b], transfer_s[a])
+            return overlap_a > overlap_b or (overlap_a == overlap_b and impending[a] < impending[b])
+
+        best = candidates[0]
+        for r in candidates[1:]:
+            if first(r, best):
+                best = r
+        order.append(best)
+        outstanding.remove(best)
+    return order
+
+
+def needed_at(graph: Sequence[Op], forward_s: Sequence[float], order: Sequence[int]) -> dict[int, float]:
+    """Parameter -> when the forward pass needs it, the transfers arriving at once in `order` and each op
+    running as soon as its transfers are in (on a chain in layer order: layer k at the forward time of
+    layers 0..k-1)."""
+    dependencies = transfer_dependencies(graph)
+    compute = op_compute_s(graph, forward_s)
+    arrived: set[int] = set()
+    waiting = list(range(len(graph)))
+    elapsed, needed = 0.0, {}
+    for param in order:
+        needed[param] = elapsed
+        arrived.add(param)
+        elapsed += sum(compute[op] for op in waiting if dependencies[op] <= arrived)
+        waiting = [op for op in waiting if not dependencies[op] <= arrived]
+    return needed
 
 
 class SendOrder:
@@ -110,11 +206,20 @@ class ArbitraryOrder(SendOrder):
         return self._rng.randrange(len(ready))
 
 
-def front_most(ready: Sequence[Unit]) -> int:
-    """Index of the unit the next forward pass needs first: oldest iteration, then lowest layer, then
-    lowest slice."""
-    return min(range(len(ready)), key=lambda i: (ready[i].iteration, min(ready[i].layers), ready[i].tensor,
-                                                 ready[i].part))
+def front_most(ready: Sequence[Unit], position: Sequence[int] | None = None) -> int:
+    """Index of the unit the next forward pass needs first: oldest iteration, then earliest layer (by
+    `position`, a rank per layer; default the layer order), then lowest slice."""
+    rank = position.__getitem__ if position is not None else (lambda layer: layer)
+    return min(range(len(ready)), key=lambda i: (ready[i].iteration, min(map(rank, ready[i].layers)),
+                                                 ready[i].tensor, ready[i].part))
+
+
+def positions(order: Sequence[int]) -> list[int]:
+    """Layer -> its place in `order`, a permutation of the layers."""
+    position = [0] * len(order)
+    for place, layer in enumerate(order):
+        position[layer] = place
+    return position
 
 
 @register_send_order("priority")
@@ -127,31 +232,45 @@ class FrontLayersFirst(SendOrder):
 
 
 @register_send_order("tic")
-class Tic(FrontLayersFirst):
+class Tic(SendOrder):
     """TIC, Timing-Independent Communication scheduling (Hashemi et al., "TicTac", MLSys'19).
 
-    A transfer's priority is the number of transfers the forward pass needs
-    before the first op that consumes it.  In a chain model op k needs the
-    parameters of layers 0..k, so the priority of layer k is k: the order is
-    front layers first, for pushes and for the server's returns alike.
+    A transfer's priority is the number of transfers the first op that
+    consumes it depends on (`tic_priorities`), from the forward DAG alone.  In
+    a chain model op k needs the parameters of layers 0..k, so the order is
+    front layers first; in ResNet-50 a stage's downsample conv ranks with the
+    block's first conv, beside which it runs.  For pushes and for the server's
+    returns alike; equal priorities go in layer order.
     """
+    modes = ("ps",)
+
+    def __init__(self, oracle: TimeOracle):
+        super().__init__(oracle)
+        priority = tic_priorities(oracle.forward_graph())
+        self._position = positions(sorted(priority, key=lambda layer: (priority[layer], layer)))
+
+    def pick(self, ready: Sequence[Unit], now: float) -> int | None:
+        return front_most(ready, self._position)
 
 
 @register_send_order("tac")
 class Tac(SendOrder):
-    """TAC, Timing-Aware Communication scheduling (Hashemi et al., "TicTac", MLSys'19), for chain models.
+    """TAC, Timing-Aware Communication scheduling (Hashemi et al., "TicTac", MLSys'19).
 
-    With every transfer ready, front layers first minimises the forward pass's
-    stall in a chain (layer k arrives at the earliest moment all of 0..k can).
-    Timing matters when the earliest-needed tensor e is not ready yet: sending
-    the front-most ready tensor j (TIC) may occupy the link when e arrives.
-    Greedy rule, with ready times predicted from the previous iteration
-    (measured offsets from its first ready unit) and the TimeOracle:
+    The plan is TicTac's TAC order of the transfers on the forward DAG
+    (`tac_order`, timed by the TimeOracle); "front" below means earlier in it.
+    On a chain it is front layers first, which with every transfer ready
+    minimises the forward pass's stall (layer k arrives at the earliest moment
+    all of 0..k can).  Timing matters when the front-most pending tensor e is
+    not ready yet: sending the front-most ready tensor j may occupy the link
+    when e arrives.  Greedy rule, with ready times predicted from the previous
+    iteration (measured offsets from its first ready unit):
 
     1. e ready, no prediction yet, or e's predicted ready time has passed: send j.
-    2. if the forward compute from op e to op j cannot hide j's transfer plus the
-       pending ones between (sum transfer_s[e<i<j pending] + transfer_s[j] >
-       sum forward_s[e:j]), deferring j would stall the forward pass: send j.
+    2. if the forward compute between the moments the plan needs e and j
+       (`needed_at`; on a chain sum forward_s[e:j]) cannot hide j's transfer
+       plus the pending ones in front of j, deferring j would stall the
+       forward pass: send j.
     3. otherwise send the front-most ready tensor that finishes before e is
        predicted ready, or wait (None) until e or another unit becomes ready.
 
@@ -165,6 +284,10 @@ class Tac(SendOrder):
 
     def __init__(self, oracle: TimeOracle):
         super().__init__(oracle)
+        graph = oracle.forward_graph()
+        order = tac_order(graph, oracle.forward_s, oracle.transfer_s)
+        self._position = positions(order)
+        self._needed_at = needed_at(graph, oracle.forward_s, order)
         self._first_ready: dict[int, float] = {}     # iteration -> time its first unit became ready
         self._offsets: dict[int, dict[int, float]] = {}  # iteration -> tensor -> ready offset
 
@@ -175,25 +298,28 @@ class Tac(SendOrder):
             del self._offsets[old], self._first_ready[old]
 
     def pick(self, ready: Sequence[Unit], now: float) -> int | None:
-        j_index = front_most(ready)
+        position = self._position
+        j_index = front_most(ready, position)
         it, j = ready[j_index].iteration, ready[j_index].tensor
         predicted = self._offsets.get(it - 1)
         if predicted is None:
             return j_index
         start = self._first_ready[it]
-        pending = sorted(t for t in predicted if t not in self._offsets[it])  # not ready yet
-        if not pending or pending[0] > j:
+        pending = sorted((t for t in predicted if t not in self._offsets[it]),  # not ready yet
+                         key=position.__getitem__)
+        if not pending or position[pending[0]] > position[j]:
             return j_index
         e = pending[0]
         e_ready = start + predicted[e]
         if e_ready <= now:
             return j_index
-        transfer, forward = self.oracle.transfer_s, self.oracle.forward_s
-        if sum(transfer[i] for i in pending[1:] if i < j) + transfer[j] > sum(forward[e:j]):
+        transfer = self.oracle.transfer_s
+        in_front = sum(transfer[i] for i in pending[1:] if position[i] < position[j]) + transfer[j]
+        if in_front > self._needed_at[j] - self._needed_at[e]:
             return j_index
         fitting = [i for i, u in enumerate(ready)
                    if u.iteration == it and now + transfer[u.tensor] / u.parts <= e_ready]
-        return min(fitting, key=lambda i: (ready[i].tensor, ready[i].part)) if fitting else None
+        return min(fitting, key=lambda i: (position[ready[i].tensor], ready[i].part)) if fitting else None
 
 
 @register_send_order("caramel")

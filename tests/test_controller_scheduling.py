@@ -42,7 +42,7 @@ def job_doc(**changes) -> dict:
 @pytest.mark.parametrize("policy, expected", [
     ("fifo", [0, 0, 0, 0, 0, 0]),
     ("layer", [CS6, CS5, CS4, CS3, CS2, CS2]),  # 6 layers in 5 classes: the back two share
-    ("tictac", [CS6, CS5, CS5, CS4, CS3, CS3]),  # needed at 0, 1, 1, 3, 6, 6 ms
+    ("tictac", [CS6, CS6, CS6, CS4, CS2, CS2]),  # needed at 0, 1, 1, 3, 6, 6 of 7 ms: fifths 0, 0, 0, 2, 4, 4
     ("size", [CS4, CS2, CS5, CS3, CS6, CS2]),  # 10 < 20 < 100 < 800 < 3000 < 5000 bytes
 ])
 def test_policy_classes_of_a_six_layer_table(policy, expected):
@@ -50,11 +50,23 @@ def test_policy_classes_of_a_six_layer_table(policy, expected):
     assert [dscps[i] for i in range(6)] == expected
 
 
-def test_tictac_without_timing_is_the_forward_order():
-    untimed = [Layer(i, f"l{i}", b) for i, b, _ in TABLE]
+def test_tictac_classes_split_the_forward_time_where_layer_splits_the_layer_count():
+    # A slow stem then eleven quick layers (ResNet's conv1 before its blocks): needed at 0, 10,
+    # 11, ..., 20 of 21 ms. The stem's 10 ms are half the pass, so every later layer is needed
+    # in the last three fifths (from 8.4 ms, 12.6 ms and 16.8 ms on).
+    layers = [Layer(i, f"l{i}", 100, 10.0 if i == 0 else 1.0) for i in range(12)]
+    tictac, layer = layer_dscps("tictac", layers), layer_dscps("layer", layers)
+    assert [tictac[i] for i in range(12)] == [CS6] + [CS4] * 3 + [CS3] * 4 + [CS2] * 4
+    assert [layer[i] for i in range(12)] == [CS6] * 2 + [CS5] * 2 + [CS4] * 2 + [CS3] * 3 + [CS2] * 3
+
+
+@pytest.mark.parametrize("fwd_ms", [None, 0.0])
+def test_tictac_without_forward_times_is_the_forward_order(fwd_ms):
+    untimed = [Layer(i, f"l{i}", b, fwd_ms) for i, b, _ in TABLE]
     assert layer_dscps("tictac", untimed) == layer_dscps("layer", untimed)
     shuffled = [untimed[i] for i in (3, 0, 5, 1, 4, 2)]
     assert layer_dscps("layer", shuffled) == layer_dscps("layer", untimed), "by index, not position"
+    assert layer_dscps("tictac", [LAYERS[i] for i in (3, 0, 5, 1, 4, 2)]) == layer_dscps("tictac", LAYERS)
 
 
 def test_registry_and_adding_a_policy(monkeypatch):

@@ -5,7 +5,9 @@ import pytest
 from hostapps.collectives import (MAX_PS_SLICES, PS_PULL, PS_PUSH, Segment, float_parts, make_buckets,
                                   pipelined_ring_allreduce, ps_key, ring_neighbours, ring_step_count)
 from hostapps.config import ConfigError, Model, ProcessConfig
-from hostapps.send_orders import TimeOracle, Unit, make_send_order
+from hostapps.profiles import PROFILES, Op
+from hostapps.send_orders import (TimeOracle, Unit, make_send_order, needed_at, tac_order, tic_priorities,
+                                  transfer_dependencies)
 from hostapps.sendloop import SendQueue
 from hostapps.transport import MessageKey, Peer
 from helpers.loopback import connect_mesh, run_threads
@@ -130,6 +132,70 @@ def test_tac_predicts_a_sliced_layer_ready_at_its_first_slice():
         tac.became_ready(Unit(1, tensor, (tensor,), 100, 0, 2), 200.0 + at)
     # Tensor 0 is due at +5 ms (its first slice), not +9 ms: a 5 ms slice of tensor 2 at +2.5 ms must wait.
     assert tac.pick([Unit(1, 2, (2,), 100, 0, 2)], 200.0025) is None
+
+
+# Two branches off a stem, joined by a parameter-free add, then a head.  Parameters are numbered in
+# layer order as a profile lists them (the branch b1 after the whole branch a, as ResNet-50 lists a
+# block's downsample after its main path).
+#   p0 stem -> p1 a1 -> p2 a2 -> add -> p4 head
+#           \-> p3 b1 --------/
+BRANCHED = (Op("stem", (), (0,)), Op("a1", (0,), (1,)), Op("a2", (1,), (2,)), Op("b1", (0,), (3,)),
+            Op("add", (2, 3), ()), Op("head", (4,), (4,)))
+BRANCHED_TRANSFER_S = [1.0, 2.0, 1.0, 2.0, 1.0]
+
+
+def branched_forward_s(b1_s: float) -> list[float]:
+    return [1.0, 1.0, 1.0, b1_s, 1.0]
+
+
+def test_tic_ranks_a_transfer_by_the_transfers_its_first_consumer_needs():
+    # Ops need {0}, {0,1}, {0,1,2}, {0,3}, {0,1,2,3}, all five: b1 (2 transfers) runs before a2 (3).
+    assert transfer_dependencies(BRANCHED)[4] == {0, 1, 2, 3}
+    assert tic_priorities(BRANCHED) == {0: 1, 1: 2, 2: 3, 3: 2, 4: 5}
+    oracle = TimeOracle(branched_forward_s(4.0), BRANCHED_TRANSFER_S, BRANCHED)
+    tic, left, order = make_send_order("tic", oracle), [layer_unit(t) for t in (4, 3, 2, 1, 0)], []
+    while left:
+        order.append(left.pop(tic.pick(left, 0.0)).tensor)
+    assert order == [0, 1, 3, 2, 4]  # 1 and 3 tie: layer order; the chain's order is 0, 1, 2, 3, 4
+
+
+@pytest.mark.parametrize("b1_s, expected", [
+    # After p0: ops a1 and b1 both wait for 2 s of transfer (least op.M): candidates p1 and p3.
+    # P (compute each alone unblocks): p1 1 s (a1), p3 4 s (b1); M+: p1 3 s (a2 needs p1+p2), p3 5 s.
+    # p3 first overlaps min(P3, M1) = min(4, 2) = 2 s, p1 first min(P1, M3) = min(1, 2) = 1 s: p3 first.
+    # Then a1 needs the least (p1), then p2 unblocks a2 and the add, then p4.
+    (4.0, [0, 3, 1, 2, 4]),
+    # With b1 1 s both overlap 1 s: the lower M+ (p1, 3 s) goes first; then a2 needs 1 s (p2) < b1's 2 s.
+    (1.0, [0, 1, 2, 3, 4]),
+])
+def test_tac_orders_a_branched_dag_by_the_compute_each_transfer_unblocks(b1_s, expected):
+    assert tac_order(BRANCHED, branched_forward_s(b1_s), BRANCHED_TRANSFER_S) == expected
+    tac, left, order = make_send_order("tac", TimeOracle(branched_forward_s(b1_s), BRANCHED_TRANSFER_S,
+                                                         BRANCHED)), [layer_unit(t) for t in range(5)], []
+    while left:  # all ready, no prediction yet: the plan's order
+        order.append(left.pop(tac.pick(left, 0.0)).tensor)
+    assert order == expected
+
+
+def test_needed_at_runs_each_op_once_its_transfers_are_in():
+    # Order 0, 3, 1, 2, 4: stem (1 s) runs on p0, b1 (4 s) on p3, a1 (1 s) on p1, a2 and the add on p2.
+    assert needed_at(BRANCHED, branched_forward_s(4.0), [0, 3, 1, 2, 4]) == {0: 0.0, 3: 1.0, 1: 5.0, 2: 6.0, 4: 7.0}
+
+
+def test_resnet50_profile_is_a_well_formed_branched_dag():
+    profile = PROFILES["resnet50"]()
+    graph, names = profile.graph, [layer.name for layer in profile.layers]
+    assert all(i < at for at, op in enumerate(graph) for i in op.inputs), "a topological order: acyclic"
+    read = [param for op in graph for param in op.params]
+    assert sorted(read) == list(range(len(profile.layers))), "every parameter is read by exactly one op"
+    assert all(names[param] == op.name for op in graph for param in op.params)
+    adds = [op for op in graph if not op.params]
+    assert len(adds) == 16 and all(len(op.inputs) == 2 for op in adds)  # one per bottleneck block
+    consumers = {i for op in graph for i in op.inputs}
+    assert set(range(len(graph))) - consumers == {len(graph) - 1}, "every op but fc feeds another"
+    # The downsample branch runs beside the block's main path: TIC ranks it with the block's first conv.
+    priority = tic_priorities(graph)
+    assert priority[names.index("layer1.0.downsample.0")] == priority[names.index("layer1.0.conv1")] == 3
 
 
 def test_caramel_buckets_double_from_the_first():

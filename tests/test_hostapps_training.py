@@ -62,7 +62,7 @@ def test_profile_overlaps_communication_with_backprop(loopback_addresses):
     # ResNet-50 at 1/1000 scale: 107 real tensors (~100 KB), ~15 ms of emulated compute per iteration.
     summaries = run_job(loopback_addresses, 2, model=Model("resnet50", scale=0.001), iterations=3, eval_every=0)
     recorder = summaries[0]["recorder"]
-    assert summaries[0]["param_count"] == sum(max(1, round(layer.params * 0.001)) for layer in resnet50())
+    assert summaries[0]["param_count"] == sum(max(1, round(layer.params * 0.001)) for layer in resnet50()[0])
     sends = [m for m in recorder.messages if m.direction == "send" and m.iteration == 1]
     backward = [s for s in recorder.spans if s[0] == "backward 1"][0]
     # Wait-free backprop: the first gradients go out before backward of that iteration ends.
