@@ -58,7 +58,8 @@ def write_host_records(out: Path, run: Run, t0: float) -> None:
             iterations.append({
                 "job": "fixture", "role": role, "rank": rank, "iteration": i, "start_s": start,
                 "end_s": start + period, "compute_s": COMPUTE_S if role == "worker" else 0.0,
-                "wait_s": period - COMPUTE_S, "bytes_sent": 2000, "bytes_recv": 2000, "delivered_fraction": 1.0, "loss": 1 / (i + 1),
+                "wait_s": period - COMPUTE_S, "bytes_sent": 2000, "bytes_recv": 2000, "delivered_fraction": 1.0,
+                "delivered_fraction_reduce": 1.0, "delivered_fraction_gather": 1.0, "loss": 1 / (i + 1),
                 "test_accuracy": {1: 0.6, 3: 0.92}.get(i) if evaluated else None,
             })
             # Each layer is sent and received over the same interval (comm time stays COMM_SPAN_S).
