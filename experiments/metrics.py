@@ -24,14 +24,17 @@ import pandas as pd
 
 from experiments.fidelity import FIDELITY_COLUMNS
 from hostapps.codec import DATAGRAM_HEADER_BYTES
+from hostapps.collectives import PHASES
 from hostapps.mlt import IP_UDP_HEADER_BYTES, payload_for_mtu
 from topologies.shaping import ETHERNET_HEADER_BYTES
 
+# iterations.csv's (and runs.csv's) delivered fraction of each collective phase (hostapps.records).
+PHASE_DELIVERED_COLUMNS = [f"delivered_fraction_{phase}" for phase in PHASES]
 # The per-run metric columns of runs.csv, in order (run_metrics, speedup_vs_baseline, the guard's).
 METRIC_COLUMNS = [
     "iter_time_mean_s", "iter_time_p50_s", "iter_time_p99_s", "samples_per_s",
     "final_accuracy", "time_to_accuracy_s", "bytes_sent", "lower_bound_s",
-    "tictac_efficiency", "speedup_vs_baseline", "uplink_imbalance", *FIDELITY_COLUMNS,
+    "tictac_efficiency", *PHASE_DELIVERED_COLUMNS, "speedup_vs_baseline", "uplink_imbalance", *FIDELITY_COLUMNS,
 ]
 TCP_IP_HEADER_BYTES = 52  # IPv4 20 + TCP 20 + the timestamp option 12
 
@@ -156,6 +159,8 @@ def run_metrics(iterations: pd.DataFrame, tensors: pd.DataFrame, summaries: pd.D
         "bytes_sent": float(iterations["bytes_sent"].sum()),
         "lower_bound_s": float(np.fmax(comm_bound, compute)),
         "tictac_efficiency": tictac_efficiency(comm_time_s(tensors), compute, iter_mean),
+        # Mean over the process-iterations that received messages of the phase (pandas skips the empty ones).
+        **{column: float(iterations[column].mean()) for column in PHASE_DELIVERED_COLUMNS},
     }
 
 
