@@ -24,14 +24,18 @@ import pandas as pd
 
 from experiments.fidelity import FIDELITY_COLUMNS
 from hostapps.codec import DATAGRAM_HEADER_BYTES
+from hostapps.collectives import PHASES
 from hostapps.mlt import IP_UDP_HEADER_BYTES, payload_for_mtu
 from topologies.shaping import ETHERNET_HEADER_BYTES
 
+# iterations.csv's (and runs.csv's) delivered fraction of each collective phase (hostapps.records).
+PHASE_DELIVERED_COLUMNS = [f"delivered_fraction_{phase}" for phase in PHASES]
 # The per-run metric columns of runs.csv, in order (run_metrics, speedup_vs_baseline, the guard's).
 METRIC_COLUMNS = [
     "iter_time_mean_s", "iter_time_p50_s", "iter_time_p99_s", "samples_per_s",
     "final_accuracy", "time_to_accuracy_s", "bytes_sent", "lower_bound_s", "tight_bound_s",
-    "compute_s", "comm_s", "tictac_efficiency", "speedup_vs_baseline", "uplink_imbalance", *FIDELITY_COLUMNS,
+    "compute_s", "comm_s", "tictac_efficiency", *PHASE_DELIVERED_COLUMNS, "speedup_vs_baseline", "uplink_imbalance",
+    *FIDELITY_COLUMNS,
 ]
 # TicTac's E is only defined where both parts matter: below this share of the iteration, one of
 # them is noise and E = (comm + comp - T) / min(comm, comp) divides by it (-88.85 on an MLP run).
@@ -182,6 +186,8 @@ def run_metrics(iterations: pd.DataFrame, tensors: pd.DataFrame, summaries: pd.D
         "compute_s": compute,
         "comm_s": comm,
         "tictac_efficiency": tictac_efficiency(comm, compute, iter_mean),
+        # Mean over the process-iterations that received messages of the phase (pandas skips the empty ones).
+        **{column: float(iterations[column].mean()) for column in PHASE_DELIVERED_COLUMNS},
     }
 
 

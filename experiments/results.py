@@ -217,11 +217,17 @@ def completed_run_ids(out_dir: str | Path, spec: Spec) -> set[str]:
 
 # ------------------------------------------------------------------------------------ reading
 
+# Columns added to the records after results were already made with them: older results read as
+# empty there, so they still aggregate (each other missing column is an error).
+LATER_COLUMNS = {"delivered_fraction_reduce", "delivered_fraction_gather", "mem_used_mb"}
+
+
 def _read_csv(path: Path, columns: list[str]) -> pd.DataFrame:
     """A contract CSV with exactly its declared columns (extra ones dropped); empty if absent."""
     if not path.exists():
         return pd.DataFrame(columns=columns)
     frame = pd.read_csv(path)
+    frame = frame.assign(**{column: math.nan for column in LATER_COLUMNS & set(columns) - set(frame.columns)})
     missing = [column for column in columns if column not in frame.columns]
     if missing:
         raise ValueError(f"{path}: missing columns {', '.join(missing)} (expected {', '.join(columns)})")

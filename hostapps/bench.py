@@ -70,7 +70,7 @@ def _ps_process(cfg: ProcessConfig, nbytes: int, rounds: int, results) -> None:
 
     def push_pull(transport, state, r):
         for t in reversed(range(PS_TENSORS)):
-            transport.send(server, MessageKey(r, t, PS_PUSH), model.layer_grads(t))
+            transport.send(server, MessageKey(r, t, PS_PUSH), model.layer_grads(t), tolerate_loss=True)
         for t in range(PS_TENSORS):
             transport.recv(server, MessageKey(r, t, PS_PULL), out=model.layer_params(t))
         return True

@@ -10,9 +10,11 @@ source ports.  TCP sends each message as a single fragment.
 
 The datagram transport (hostapps.mlt) appends a DATAGRAM extension to every
 header: a per-sender sequence number, the fragment size the sender cuts
-messages into (NACK bitmaps count in it), and in feedback the delivered byte
-count and the receiver's advised sending rate (its link's fair share per active
-sender, kbit/s; 0 for no advice).  A NACK's payload is a bitmap with bit i set when fragment i is missing.
+messages into (NACK bitmaps count in it), the delivered byte count (in
+feedback: the bytes the receiver holds; in DATA: the bytes it must hold before it
+may complete the message, all of them for an exact one) and the receiver's
+advised sending rate (its link's fair share per active sender, kbit/s; 0 for no
+advice).  A NACK's payload is a bitmap with bit i set when fragment i is missing.
 """
 import struct
 from typing import NamedTuple

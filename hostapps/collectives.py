@@ -10,6 +10,13 @@ from hostapps.transport import MessageKey, Peer, Transport
 PS_PUSH = 0
 PS_PULL = 1
 
+# The two phases of a collective, as the records name them: REDUCE messages carry contributions to a sum and
+# tolerate loss (ring reduce-scatter, PS push); GATHER messages carry what every replica must agree on and
+# arrive whole (ring all-gather, PS pull, and the send orders' agreements).
+REDUCE = "reduce"
+GATHER = "gather"
+PHASES = (REDUCE, GATHER)
+
 # Values of the frame header's 16-bit step field (codec.HEADER).
 STEP_VALUES = 1 << 16
 # Slices one PS tensor can have: a slice's step is 2 * slice + PS_PUSH or PS_PULL (ps_key).
@@ -34,13 +41,14 @@ def chunk_bounds(size: int, parts: int) -> list[tuple[int, int]]:
 def _ring_steps(transport: Transport, left: Peer, right: Peer, rank: int, world: int, iteration: int,
                 tensor: int, flat: np.ndarray, scratch: np.ndarray, first_step: int) -> Iterator[None]:
     """Ring all-reduce of `flat` to its mean, yielding after each send: the next resumption receives
-    that step's chunk.  Messages are keyed (iteration, tensor, first_step + step)."""
+    that step's chunk.  Messages are keyed (iteration, tensor, first_step + step); the reduce-scatter's
+    tolerate loss, the all-gather's are exact (ring_allreduce)."""
     bounds = chunk_bounds(flat.size, world)
     for step in range(world - 1):
         send_lo, send_hi = bounds[(rank - step) % world]
         recv_lo, recv_hi = bounds[(rank - step - 1) % world]
         key = MessageKey(iteration, tensor, first_step + step)
-        transport.send(right, key, flat[send_lo:send_hi])
+        transport.send(right, key, flat[send_lo:send_hi], tolerate_loss=True)
         yield
         incoming = scratch[:recv_hi - recv_lo]
         transport.recv(left, key, out=incoming)
@@ -63,6 +71,23 @@ def ring_allreduce(transport: Transport, left: Peer, right: Peer, rank: int, wor
     Each of the 2(world-1) steps sends one of `world` chunks to the right
     neighbour and receives one from the left, so every rank sends and receives
     2(world-1)/world of the tensor.  `scratch` holds at least one chunk.
+
+    Loss (a transport with a loss bound) is tolerated only where the math allows.
+    The reduce-scatter's partial sums are sent tolerate_loss: one may arrive short
+    (at least 1 - loss_bound of it), its missing elements zero.  The rule is
+    zero-fill: such an element of the sum lacks the contributions that partial
+    sum carried (up to world-1 of them) and is still divided by world, so the
+    step shrinks there, as if those workers skipped it (MLT, NSDI'24, zero-fills
+    lost gradient bytes too).  Averaging over the contributions that arrived
+    would need each element's count to travel with the partial sum (a partial
+    sum does not say how many contributions it holds): a second message per
+    hop or a quarter more bytes, so not here (the parameter server, whose every
+    push is one contribution, does average over arrivals).  The all-gather's
+    messages are exact: the transport recovers every lost byte, so every rank
+    ends with bit-identical values and replicas never diverge.  OptiReduce
+    (NSDI'25) lets both rounds of its Transpose AllReduce go over a bounded-loss
+    transport and spreads lost entries with a Hadamard transform; we bound loss
+    in the reduce phase only and have no Hadamard transform.
     """
     if world > 1:
         for _ in _ring_steps(transport, left, right, rank, world, iteration, tensor, flat, scratch, 0):
@@ -106,9 +131,19 @@ def pipelined_ring_allreduce(transport: Transport, left: Peer, right: Peer, rank
         active = [ring for ring in active if next(ring, StopIteration) is not StopIteration]
 
 
+def ring_phase(world: int, step: int) -> str:
+    """REDUCE or GATHER: the half of a ring all-reduce (of any segment of a pipeline) a message step is in."""
+    return REDUCE if step % ring_step_count(world) < world - 1 else GATHER
+
+
+def ps_phase(step: int) -> str:
+    """REDUCE for a PS push, GATHER for a pull (ps_key)."""
+    return REDUCE if step % 2 == PS_PUSH else GATHER
+
+
 def ring_min(transport: Transport, left: Peer, right: Peer, world: int, key: MessageKey, value: int) -> int:
     """Minimum of every rank's `value`: each rank passes on what it last heard, world-1 hops, keyed
-    (key.iteration, key.tensor, key.step + hop)."""
+    (key.iteration, key.tensor, key.step + hop); exact messages, as every rank must agree."""
     passing, lowest = np.array([value], dtype=np.int64), value
     for hop in range(world - 1):
         hop_key = MessageKey(key.iteration, key.tensor, key.step + hop)

@@ -2,7 +2,10 @@
 
 Byte counts are tensor payload bytes (frame headers, codec.HEADER.size bytes each, are not counted)
 and are attributed to the iteration named in the message.  An iteration's delivered_fraction is
-the share of the bytes it received that arrived (below 1 only with a loss-tolerant transport).
+the share of the bytes it received that arrived (below 1 only with a loss-tolerant transport), and
+delivered_fraction_reduce / _gather the same over its messages of each phase (collectives.PHASES:
+reduce-scatter or PS push; all-gather, PS pull or agreement), empty when it received none of them.
+The gather's is 1 whatever the loss: those messages are exact.
 """
 import csv
 import json
@@ -11,15 +14,20 @@ import threading
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from typing import Iterator, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
+from hostapps.collectives import PHASES
 from hostapps.files import atomic_open
 from hostapps.transport import Peer
 
 ITERATION_COLUMNS = ("job", "role", "rank", "iteration", "start_s", "end_s", "compute_s", "wait_s",
-                     "bytes_sent", "bytes_recv", "delivered_fraction", "loss", "test_accuracy")
+                     "bytes_sent", "bytes_recv", "delivered_fraction",
+                     *(f"delivered_fraction_{phase}" for phase in PHASES), "loss", "test_accuracy")
 TENSOR_COLUMNS = ("job", "role", "rank", "iteration", "tensor", "layer", "bytes", "direction", "peer",
                   "start_s", "end_s", "delivered_fraction")
+
+# The phase (collectives.PHASES) of a message, from its tensor id and step.
+PhaseOf = Callable[[int, int], str]
 
 
 class MessageRecord(NamedTuple):
@@ -67,20 +75,26 @@ class Recorder:
                                     compute_s=max(0.0, end_s - start_s - wait_s), wait_s=wait_s,
                                     loss=loss, test_accuracy=test_accuracy))
 
-    def bytes_by_iteration(self) -> dict[tuple[int, str], float]:
-        """Per (iteration, "send" | "recv" | "delivered"): bytes sent, to receive, and received."""
-        total: dict[tuple[int, str], float] = defaultdict(int)
+    def bytes_by_iteration(self, phase_of: PhaseOf) -> dict[tuple, float]:
+        """Per (iteration, "send" | "recv" | "delivered"): bytes sent, to receive, and received; and per
+        (iteration, "recv" | "delivered", phase) the received ones of each phase."""
+        total: dict[tuple, float] = defaultdict(int)
         for m in self.messages:
             total[(m.iteration, m.direction)] += m.nbytes
             if m.direction == "recv":
+                phase = phase_of(m.tensor, m.step)
                 total[(m.iteration, "delivered")] += m.nbytes * m.delivered_fraction
+                total[(m.iteration, "recv", phase)] += m.nbytes
+                total[(m.iteration, "delivered", phase)] += m.nbytes * m.delivered_fraction
         return total
 
-    def write(self, out_dir: str, tensor_names: dict[int, tuple[str, str]], summary: dict) -> None:
-        """tensor_names maps a tensor id to (tensor name, layer indices joined by '+')."""
+    def write(self, out_dir: str, tensor_names: dict[int, tuple[str, str]], summary: dict,
+              phase_of: PhaseOf) -> None:
+        """tensor_names maps a tensor id to (tensor name, layer indices joined by '+'); phase_of gives each
+        message's phase."""
         os.makedirs(out_dir, exist_ok=True)
         ident = dict(job=self.job, role=self.role, rank=self.rank)
-        nbytes = self.bytes_by_iteration()
+        nbytes = self.bytes_by_iteration(phase_of)
         with atomic_open(os.path.join(out_dir, "iterations.csv"), newline="") as f:
             writer = csv.DictWriter(f, ITERATION_COLUMNS)
             writer.writeheader()
@@ -91,6 +105,8 @@ class Recorder:
                                  "compute_s": "%.6f" % row["compute_s"], "wait_s": "%.6f" % row["wait_s"],
                                  "bytes_sent": nbytes[(row["iteration"], "send")], "bytes_recv": received,
                                  "delivered_fraction": "%.4f" % delivered,
+                                 **{f"delivered_fraction_{phase}": _fraction(nbytes, row["iteration"], phase)
+                                    for phase in PHASES},
                                  "loss": "" if row["loss"] is None else "%.6f" % row["loss"],
                                  "test_accuracy": "" if row["test_accuracy"] is None else "%.4f" % row["test_accuracy"]})
         with atomic_open(os.path.join(out_dir, "tensors.csv"), newline="") as f:
@@ -118,6 +134,12 @@ class Recorder:
                         args=dict(iteration=iteration, step=step, bytes=size, delivered_fraction=fraction))
                    for iteration, tensor, step, size, direction, peer, start, end, fraction in self.messages]
         return dict(traceEvents=events, displayTimeUnit="ms")
+
+
+def _fraction(nbytes: dict[tuple, float], iteration: int, phase: str) -> str:
+    """An iteration's delivered fraction over its received messages of one phase; empty without any."""
+    received = nbytes[(iteration, "recv", phase)]
+    return f"{nbytes[(iteration, 'delivered', phase)] / received:.4f}" if received else ""
 
 
 def comm_busy_s(messages: list[MessageRecord], iteration: int) -> float:

@@ -7,19 +7,24 @@ send thread per worker picks the order with the --send-order.  With
 --ps-slice-bytes the unit is a slice of a tensor instead (P3's parameter
 slicing): it is averaged, stepped and returned on its own, so the return of
 early slices overlaps the push of later ones on the full-duplex link.
+
+Under a loss bound pushes tolerate loss and pulls are exact (collectives.ring_allreduce says why).
+Every push is one worker's contribution, so a short one is cheap to account for exactly: each
+element is averaged over the contributions that arrived (a per-element count, kept only for a
+slice some push of which came short), not over every worker with zeros for the lost ones.
 """
 import time
 
 import numpy as np
 
 from hostapps import timing
-from hostapps.collectives import PS_PULL, PS_PUSH, assign_shards, float_parts, ps_key
+from hostapps.collectives import PS_PULL, PS_PUSH, assign_shards, float_parts, ps_key, ps_phase
 from hostapps.config import ProcessConfig, build_model
 from hostapps.model import FlatModel, Sgd
 from hostapps.send_orders import Unit, make_send_order, time_oracle
 from hostapps.sendloop import SendLoop
 from hostapps.records import Recorder
-from hostapps.transport import Peer, Transport, TransportError
+from hostapps.transport import MessageKey, Peer, Transport, TransportError
 from hostapps.worker import connect_transport, largest_message_bytes
 
 
@@ -34,8 +39,9 @@ class ParameterShard:
         # Flat-buffer slices of each owned tensor, cut as the workers cut them (one when unsliced).
         self.slices = {t: float_parts(model.layer_slice((t,)), cfg.ps_slice_bytes) for t in self.tensors}
         self.sgd = Sgd(cfg.lr, cfg.momentum, model.params.size)
-        self.scratch = np.empty(max(where.stop - where.start for parts in self.slices.values() for where in parts),
-                                dtype=np.float32)
+        largest = max(where.stop - where.start for parts in self.slices.values() for where in parts)
+        self.scratch = np.empty(largest, dtype=np.float32)
+        self.arrived = np.empty(largest, dtype=bool)  # which elements of the last push arrived
         oracle = time_oracle(model, cfg.link_mbps)
         # One queue per worker: when many tensors are updated at once, the send order orders each worker's returns.
         self.senders = [SendLoop("send-%s" % (worker,), make_send_order(cfg.order, oracle), self._sender(worker),
@@ -44,7 +50,7 @@ class ParameterShard:
     def _sender(self, worker: Peer):
         def send(units: list[Unit]) -> None:
             for unit in units:
-                self.transport.send(worker, ps_key(unit.iteration, unit.tensor, unit.part, PS_PULL),
+                self.transport.send(worker, ps_key(unit.iteration, unit.tensor, unit.part, PS_PULL),  # exact
                                     self.model.params[self.slices[unit.tensor][unit.part]])
         return send
 
@@ -59,6 +65,8 @@ class ParameterShard:
                     for t in self.tensors for part in range(len(self.slices[t]))}
         pending = {(worker, key) for worker in self.workers for key in slice_of}
         arrived = dict.fromkeys(slice_of, 0)
+        # Of the slices with a short push: per element, how many pushes it arrived in.
+        contributions: dict[MessageKey, np.ndarray] = {}
         compute_s = 0.0
         while pending:
             self._check()
@@ -68,15 +76,20 @@ class ParameterShard:
             t, part = slice_of[key]
             where = self.slices[t][part]
             grad = self.model.grads[where]
-            if arrived[key] == 0:
-                self.transport.recv(peer, key, out=grad)
-            else:
-                incoming = self.scratch[:grad.size]
-                self.transport.recv(peer, key, out=incoming)
+            incoming = grad if arrived[key] == 0 else self.scratch[:grad.size]
+            arrived_elements = self.arrived[:grad.size]
+            delivered = self.transport.recv(peer, key, out=incoming, arrived=arrived_elements)
+            if incoming is not grad:
                 grad += incoming
+            if delivered < 1 or key in contributions:
+                count = contributions.setdefault(key, np.full(grad.size, arrived[key], dtype=np.int32))
+                count += arrived_elements
             arrived[key] += 1
             if arrived[key] == len(self.workers):
-                grad *= np.float32(1.0 / len(self.workers))
+                if key in contributions:  # an element no push delivered gets a zero gradient
+                    grad /= np.maximum(contributions.pop(key), 1).astype(np.float32)
+                else:
+                    grad *= np.float32(1.0 / len(self.workers))
                 self.sgd.step(where, self.model.params, self.model.grads)
                 for sender in self.senders:
                     sender.queue.put(Unit(iteration, t, (t,), int(grad.nbytes), part, len(self.slices[t])))
@@ -120,5 +133,5 @@ def run_server(cfg: ProcessConfig) -> dict:
                    transport=transport.counters(), timing=timing.summary(),
                    wall_time_s=time.time() - wall_start)
     if cfg.out:
-        recorder.write(cfg.out, model.layer_tensor_names(), summary)
+        recorder.write(cfg.out, model.layer_tensor_names(), summary, lambda tensor, step: ps_phase(step))
     return {**summary, "model": model, "recorder": recorder}

@@ -4,9 +4,11 @@
 MessageKey (iteration, tensor, step).  `recv` fills `out` and returns the
 fraction of its bytes that were delivered: always 1.0 for TCP, less for a
 loss-tolerant datagram transport that zero-fills what is missing after its
-loss bound.  Receiver threads drain every connection into a shared Mailbox, so
-sends never deadlock on a peer that is itself sending, and consumers can take
-messages in any order (`wait_any`) without knowing the sender's order.
+loss bound, and then only for a message sent with tolerate_loss (a gradient
+on its way to be reduced); every other message arrives whole.  Receiver
+threads drain every connection into a shared Mailbox, so sends never deadlock
+on a peer that is itself sending, and consumers can take messages in any
+order (`wait_any`) without knowing the sender's order.
 """
 import random
 import socket
@@ -131,12 +133,15 @@ class Transport(ABC):
     """Moves tensor messages between this process and its peers."""
 
     @abstractmethod
-    def send(self, peer: Peer, key: MessageKey, array: np.ndarray) -> None:
-        """Send a contiguous array as message `key`; returns once the bytes are handed off."""
+    def send(self, peer: Peer, key: MessageKey, array: np.ndarray, tolerate_loss: bool = False) -> None:
+        """Send a contiguous array as message `key`; returns once the bytes are handed off.  tolerate_loss: the
+        receiver may take it short by the transport's loss bound, its missing elements zero; only for values
+        whose loss the math absorbs (a gradient contribution to a sum), never for what replicas must agree on."""
 
     @abstractmethod
-    def recv(self, peer: Peer, key: MessageKey, out: np.ndarray) -> float:
-        """Fill `out` with message `key` from `peer`; return the delivered fraction."""
+    def recv(self, peer: Peer, key: MessageKey, out: np.ndarray, arrived: np.ndarray | None = None) -> float:
+        """Fill `out` with message `key` from `peer`; return the delivered fraction.  `arrived`, a bool array
+        of out's shape, is set True where the element arrived (False where it reads a zero-filled loss)."""
 
     @abstractmethod
     def wait_any(self, wanted: Iterable[tuple[Peer, MessageKey]]) -> tuple[Peer, MessageKey]:
@@ -184,7 +189,7 @@ def _send_parts(sock: socket.socket, header: bytes, payload: memoryview) -> None
 
 
 class TcpTransport(Transport):
-    """One persistent TCP connection per peer, framed with codec headers."""
+    """One persistent TCP connection per peer, framed with codec headers; every message arrives whole."""
 
     def __init__(self, me: Peer, listen: Address, job: int, timeout: float,
                  log: TensorLog | None = None):
@@ -306,7 +311,7 @@ class TcpTransport(Transport):
             reason = "timed out mid-message" if isinstance(e, socket.timeout) else "failed (%s)" % e
             self.mailbox.peer_gone(peer, "closing" if self._closing.is_set() else reason)
 
-    def send(self, peer: Peer, key: MessageKey, array: np.ndarray) -> None:
+    def send(self, peer: Peer, key: MessageKey, array: np.ndarray, tolerate_loss: bool = False) -> None:
         payload = memoryview(np.ascontiguousarray(array)).cast("B")
         header = codec.encode_header(codec.Frame(
             codec.KIND_DATA, self.me.role, self.me.rank, key.step, self.job, key.iteration,
@@ -321,12 +326,14 @@ class TcpTransport(Transport):
         if self._log:
             self._log(key.iteration, key.tensor, key.step, len(payload), "send", peer, start, time.time(), 1.0)
 
-    def recv(self, peer: Peer, key: MessageKey, out: np.ndarray) -> float:
+    def recv(self, peer: Peer, key: MessageKey, out: np.ndarray, arrived: np.ndarray | None = None) -> float:
         arrival = self.mailbox.take(peer, key, self.timeout)
         if arrival.payload.size != out.nbytes:
             raise TransportError("%s from %s has %d bytes, expected %d" % (
                 describe_key(key), self._names[peer], arrival.payload.size, out.nbytes))
         np.copyto(out, arrival.payload.view(out.dtype).reshape(out.shape))
+        if arrived is not None:
+            arrived[...] = True
         return arrival.delivered_fraction
 
     def wait_any(self, wanted: Iterable[tuple[Peer, MessageKey]]) -> tuple[Peer, MessageKey]:

@@ -13,9 +13,9 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from hostapps import timing
-from hostapps.collectives import (PS_PULL, PS_PUSH, Segment, assign_shards, chunk_bounds, float_parts,
-                                  make_buckets, max_segments, pipelined_ring_allreduce, ps_key, ring_min,
-                                  ring_neighbours, ring_step_count, split_bytes)
+from hostapps.collectives import (GATHER, PS_PULL, PS_PUSH, Segment, assign_shards, chunk_bounds, float_parts,
+                                  make_buckets, max_segments, pipelined_ring_allreduce, ps_key, ps_phase, ring_min,
+                                  ring_neighbours, ring_phase, ring_step_count, split_bytes)
 from hostapps.config import ProcessConfig, build_model
 from hostapps.data import ShardedBatches, load_split
 from hostapps.files import atomic_open
@@ -60,6 +60,10 @@ class GradientSync:
             self.wait_params(iteration + 1, layer)
 
     def tensor_names(self) -> dict[int, tuple[str, str]]:
+        raise NotImplementedError
+
+    def phase_of(self, tensor: int, step: int) -> str:
+        """The phase (collectives.PHASES) of message (tensor, step), for the records."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -167,6 +171,9 @@ class AllReduceSync(GradientSync):
                      "+".join(map(str, piece.layers))) for p, piece in enumerate(self.pieces)}
         return {**names, self.agreement_tensor: ("agreement", "")}
 
+    def phase_of(self, tensor: int, step: int) -> str:
+        return GATHER if tensor == self.agreement_tensor else ring_phase(self.cfg.world, step)
+
 
 class PushPullSync(GradientSync):
     """Push each gradient to its parameter-server shard; pull each layer's parameters before its forward.
@@ -190,7 +197,7 @@ class PushPullSync(GradientSync):
     def communicate(self, units: list[Unit]) -> None:
         for unit in units:
             self.transport.send(self.server_of[unit.tensor], ps_key(unit.iteration, unit.tensor, unit.part, PS_PUSH),
-                                self.model.grads[self.slices[unit.tensor][unit.part]])
+                                self.model.grads[self.slices[unit.tensor][unit.part]], tolerate_loss=True)
 
     def wait_params(self, iteration: int, layer: int) -> None:
         if iteration == 0 or self.pulled[layer] >= iteration - 1:
@@ -206,6 +213,9 @@ class PushPullSync(GradientSync):
 
     def tensor_names(self) -> dict[int, tuple[str, str]]:
         return self.model.layer_tensor_names()
+
+    def phase_of(self, tensor: int, step: int) -> str:
+        return ps_phase(step)
 
 
 def largest_message_bytes(cfg: ProcessConfig, model: FlatModel) -> int:
@@ -295,7 +305,7 @@ def run_worker(cfg: ProcessConfig, on_iteration: Callable[[int], None] | None = 
                    timing=timing.summary(),
                    wall_time_s=time.time() - wall_start)
     if cfg.out:
-        recorder.write(cfg.out, sync.tensor_names(), summary)
+        recorder.write(cfg.out, sync.tensor_names(), summary, sync.phase_of)
         write_model(os.path.join(cfg.out, "model.npz"), model)
     return {**summary, "model": model, "recorder": recorder}
 

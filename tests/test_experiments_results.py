@@ -59,7 +59,9 @@ def write_host_records(out: Path, run: Run, t0: float) -> None:
             iterations.append({
                 "job": "fixture", "role": role, "rank": rank, "iteration": i, "start_s": start,
                 "end_s": start + period, "compute_s": COMPUTE_S if role == "worker" else 0.0,
-                "wait_s": period - COMPUTE_S, "bytes_sent": 2000, "bytes_recv": 2000, "delivered_fraction": 1.0, "loss": 1 / (i + 1),
+                "wait_s": period - COMPUTE_S, "bytes_sent": 2000, "bytes_recv": 2000, "delivered_fraction": 1.0,
+                "delivered_fraction_reduce": 0.96 if i % 2 else 1.0,
+                "delivered_fraction_gather": 1.0 if role == "worker" else None, "loss": 1 / (i + 1),
                 "test_accuracy": {1: 0.6, 3: 0.92}.get(i) if evaluated else None,
             })
             # Each layer is sent and received over the same interval (comm time stays COMM_SPAN_S).
@@ -145,7 +147,7 @@ def test_runs_csv_has_exactly_the_contract_columns(runs):
         "run_id", "scheme", "rep", "mode", "lb", "sched", "transport", "loss_bound", "workers", "iterations",
         "iter_time_mean_s", "iter_time_p50_s", "iter_time_p99_s", "samples_per_s", "final_accuracy",
         "time_to_accuracy_s", "bytes_sent", "lower_bound_s", "tight_bound_s", "compute_s", "comm_s",
-        "tictac_efficiency", "speedup_vs_baseline",
+        "tictac_efficiency", "delivered_fraction_reduce", "delivered_fraction_gather", "speedup_vs_baseline",
         "uplink_imbalance", "cpu_util_mean", "vswitchd_thread_util_mean", "link_rate_frac",
         "class_queue_drops_pkts", "outside_queue_drops_pkts", "app_lag_ms_p99", "fidelity_ok",
         "fidelity_reason", "faults", "data_gaps"]
@@ -165,6 +167,10 @@ def test_runs_csv_metrics_of_one_run(runs):
     assert run["tight_bound_s"] == pytest.approx(COMPUTE_S + TAIL_COMM_S)
     assert (run["compute_s"], run["comm_s"]) == (pytest.approx(COMPUTE_S), pytest.approx(COMM_SPAN_S, rel=1e-4))
     assert run["tictac_efficiency"] == pytest.approx((0.6 - 0.5) / (0.6 - 0.3), rel=1e-4)
+    assert run["delivered_fraction_reduce"] == pytest.approx((3 * 1.0 + 2 * 0.96) / 5)  # iterations 1 and 3 short
+    assert run["delivered_fraction_gather"] == 1.0
+    ps_run = runs.loc["scheme=baseline,mode=ps,rep=1"]  # its server received no gather messages: not counted
+    assert ps_run["delivered_fraction_gather"] == 1.0
     assert run["speedup_vs_baseline"] == pytest.approx(0.525 / 0.5, rel=1e-5)
     assert run["cpu_util_mean"] == pytest.approx(0.5) and bool(run["fidelity_ok"]) is True
     assert run["vswitchd_thread_util_mean"] == pytest.approx(0.3)
@@ -432,3 +438,12 @@ def test_summary_lists_the_fabrics_with_their_set_up_times(tmp_path):
     summary = write_summary(tmp_path)
     assert "## Fabrics" in summary
     assert "| hosts=32,rep=1 | 32 | 12 | 64 | 2 | 24 | 3.1 | 3.4 | 2.9 | 70.5 | 3100.0 | 6500.0 |" in summary
+
+
+def test_results_made_before_a_column_was_added_still_aggregate(tmp_path):
+    make_results(tmp_path)
+    for iterations in tmp_path.glob("runs/*/*/iterations.csv"):
+        pd.read_csv(iterations).drop(columns=["delivered_fraction_reduce", "delivered_fraction_gather"]).to_csv(
+            iterations, index=False)
+    runs = results.aggregate(tmp_path)
+    assert runs["iter_time_mean_s"].notna().any() and runs["delivered_fraction_reduce"].isna().all()

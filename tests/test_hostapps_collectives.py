@@ -1,13 +1,17 @@
-"""Collectives over real TCP transports on loopback, one thread per rank."""
+"""Collectives over real TCP and mlt transports on loopback, one thread per rank."""
+import random
 import socket
+import threading
 
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st, HealthCheck
 
 from hostapps import codec
-from hostapps.collectives import PS_PULL, PS_PUSH, ring_allreduce, ring_neighbours
+from hostapps.collectives import (GATHER, PS_PULL, PS_PUSH, REDUCE, Segment, pipelined_ring_allreduce, ps_phase,
+                                  ring_allreduce, ring_neighbours, ring_phase, ring_step_count)
 from hostapps.config import Model, ProcessConfig, build_model
+from hostapps.mlt import MltOptions, MltTransport
 from hostapps.records import Recorder
 from hostapps.server import ParameterShard
 from hostapps.transport import MessageKey, Peer, TcpTransport, TransportError
@@ -39,35 +43,49 @@ def test_ring_allreduce_is_the_mean(loopback_addresses, world, size, seed):
     assert all(np.array_equal(arrays[0], a) for a in arrays)
 
 
-def test_parameter_server_averages_and_steps(loopback_addresses):
-    world, lr = 3, 0.5
-    addresses = loopback_addresses(world + 1)
-    cfg = ProcessConfig(role="server", rank=0, workers=addresses[:world], servers=addresses[world:], mode="ps",
-                    model=Model(width=16, depth=1), iterations=1, batch=3, lr=lr, timeout=5.0)
+PS_WORLD, PS_LR = 3, 0.5
+
+
+def ps_iteration(addresses, gradients, make=TcpTransport):
+    """One iteration of a one-shard PS job of PS_WORLD workers (a width-16 MLP, lr PS_LR): each worker pushes
+    gradients(model)[rank] (tolerating loss) and pulls every layer.  Returns the initial parameters, the model
+    and the parameters each worker pulled."""
+    cfg = ProcessConfig(role="server", rank=0, workers=addresses[:PS_WORLD], servers=addresses[PS_WORLD:], mode="ps",
+                        model=Model(width=16, depth=1), iterations=1, batch=3, lr=PS_LR, timeout=5.0)
     model = build_model(cfg)
     initial = model.params.copy()
-    workers = [Peer("worker", r) for r in range(world)]
+    workers = [Peer("worker", r) for r in range(PS_WORLD)]
     server = Peer("server", 0)
-    transports = connect_mesh([server] + workers, addresses[world:] + addresses[:world])
-    rng = np.random.default_rng(1)
-    grads = [rng.normal(size=model.params.size).astype(np.float32) for _ in range(world)]
-    pulled = [np.empty_like(model.params) for _ in range(world)]
+    transports = connect_mesh([server] + workers, addresses[PS_WORLD:] + addresses[:PS_WORLD], make=make)
+    grads = gradients(model)
+    pulled = [np.empty_like(model.params) for _ in range(PS_WORLD)]
     shard = ParameterShard(cfg, transports[0], model, Recorder(0, "server", 0))
     assert shard.tensors == list(range(len(model.layers)))
 
     def worker(rank):
         def run():
             for t in reversed(range(len(model.layers))):
-                transports[rank + 1].send(server, MessageKey(0, t, PS_PUSH), grads[rank][model.layer_slice((t,))])
+                transports[rank + 1].send(server, MessageKey(0, t, PS_PUSH), grads[rank][model.layer_slice((t,))],
+                                          tolerate_loss=True)
             for t in range(len(model.layers)):
                 transports[rank + 1].recv(server, MessageKey(0, t, PS_PULL), out=pulled[rank][model.layer_slice((t,))])
         return run
     try:
-        run_threads([lambda: shard.serve_iteration(0)] + [worker(r) for r in range(world)])
+        run_threads([lambda: shard.serve_iteration(0)] + [worker(r) for r in range(PS_WORLD)])
         shard.close()
     finally:
         run_threads([t.close for t in transports])
-    expected = initial - lr * np.mean(grads, axis=0)
+    return initial, model, pulled
+
+
+def test_parameter_server_averages_and_steps(loopback_addresses):
+    rng, grads = np.random.default_rng(1), []
+
+    def gradients(model):
+        grads.extend(rng.normal(size=model.params.size).astype(np.float32) for _ in range(PS_WORLD))
+        return grads
+    initial, model, pulled = ps_iteration(loopback_addresses(PS_WORLD + 1), gradients)
+    expected = initial - PS_LR * np.mean(grads, axis=0)
     for p in pulled:
         np.testing.assert_allclose(p, expected, rtol=1e-5, atol=1e-6)
 
@@ -96,3 +114,134 @@ def test_garbled_hello_is_refused_and_the_missing_peer_named(loopback_addresses,
     assert "rejected connection" in capsys.readouterr().out
     raw.close()
     transport.abort()
+
+
+# --- under loss: the reduce phase tolerates it, the gather phase is exact
+
+class LossyMlt:
+    """Makes MltTransports whose data datagrams are dropped by `drop(sender, frame)`, logging every delivered
+    fraction as (receiver, key, direction, fraction)."""
+
+    def __init__(self, drop, **options):
+        self.drop, self.options = drop, MltOptions(link_mbps=10000, **options)
+        self.messages: list[tuple[Peer, MessageKey, str, float]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, me: Peer, address, job: int, timeout: float) -> MltTransport:
+        def log(iteration, tensor, step, nbytes, direction, peer, start, end, fraction):
+            with self.lock:
+                self.messages.append((me, MessageKey(iteration, tensor, step), direction, fraction))
+        return MltTransport(me, address, job, timeout, log, self.options, drop=lambda frame: self.drop(me, frame))
+
+    def received(self, phase_of) -> dict[str, list[float]]:
+        """The delivered fractions of the received messages, by phase."""
+        fractions = {REDUCE: [], GATHER: []}
+        for _, key, direction, fraction in self.messages:
+            if direction == "recv":
+                fractions[phase_of(key)].append(fraction)
+        return fractions
+
+
+def drop_once(lost: set):
+    """A drop rule: the first datagram of each (sender rank, step, offset) in `lost`; its resends go through."""
+    def drop(me: Peer, frame) -> bool:
+        ident = (me.rank, frame.step, frame.offset)
+        if ident in lost:
+            lost.remove(ident)
+            return True
+        return False
+    return drop
+
+
+def test_a_short_reduce_message_loses_its_partial_sum_and_the_gather_is_exact(loopback_addresses):
+    world = 3
+    peers = [Peer("worker", r) for r in range(world)]
+    # Chunks of 6 floats in 3 fragments of 2; a third may be missing.  Worker 0's step-1 message is the
+    # partial sum x0 + x2 of chunk 2 (floats 12..17) on its way to chunk 2's owner, worker 1: its first
+    # fragment is lost within the bound.  Worker 1's first all-gather message loses a fragment too.
+    lost = {(0, 1, 0), (1, world - 1, 8)}
+    lossy = LossyMlt(drop_once(lost), loss_bound=1 / 3, mtu_payload=8)
+    transports = connect_mesh(peers, loopback_addresses(world), make=lossy)
+    arrays = [np.full(18, 2.0 ** r, dtype=np.float32) for r in range(world)]  # 1, 2, 4: a sum of 7
+
+    def reduce(rank):
+        left, right = ring_neighbours(rank, world)
+        return lambda: ring_allreduce(transports[rank], left, right, rank, world, 0, 0, arrays[rank],
+                                      np.empty(6, dtype=np.float32))
+    try:
+        run_threads([reduce(r) for r in range(world)])
+    finally:
+        run_threads([t.close for t in transports])
+    # Zero-fill: floats 12 and 13 hold worker 1's 2 alone, still divided by 3.
+    expected = np.full(18, np.float32(7) * np.float32(1 / 3), dtype=np.float32)
+    expected[12:14] = np.float32(2) * np.float32(1 / 3)
+    for a in arrays:
+        assert np.array_equal(a, expected)
+    fractions = lossy.received(lambda key: ring_phase(world, key.step))
+    assert not lost and sorted(fractions[REDUCE]) == [2 / 3] + [1.0] * 5 and set(fractions[GATHER]) == {1.0}
+    assert transports[1].stats.fragments_retransmitted == 1  # the gather's lost fragment, resent
+
+
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_replicas_stay_bit_identical_under_random_loss(loopback_addresses, pipelined):
+    world, size, iterations = 4, 24_000, 3
+    rng = random.Random(4)
+    lock = threading.Lock()
+
+    def drop(me, frame):
+        with lock:
+            return rng.random() < 0.03
+    peers = [Peer("worker", r) for r in range(world)]
+    # A chunk: 6000 floats in 18 fragments (3000 in 9 pipelined): 3600 (1800) bytes, 2 (1) fragments, may be missing.
+    lossy = LossyMlt(drop, loss_bound=0.15)
+    transports = connect_mesh(peers, loopback_addresses(world), make=lossy)
+    inputs = np.random.default_rng(0).normal(size=(world, size)).astype(np.float32)
+    results = [[] for _ in range(world)]
+
+    def reduce(rank):
+        left, right = ring_neighbours(rank, world)
+        scratch = np.empty(size // world + 1, dtype=np.float32)
+
+        def run():
+            for it in range(iterations):
+                flat = inputs[rank].copy()
+                if pipelined:  # two segments, the second one's steps after the first's
+                    halves = (flat[:size // 2], flat[size // 2:])
+                    pipelined_ring_allreduce(transports[rank], left, right, rank, world, it,
+                                             [Segment(0, k * ring_step_count(world), h) for k, h in enumerate(halves)],
+                                             scratch)
+                else:
+                    ring_allreduce(transports[rank], left, right, rank, world, it, 0, flat, scratch)
+                results[rank].append(flat)
+        return run
+    try:
+        run_threads([reduce(r) for r in range(world)])
+    finally:
+        run_threads([t.close for t in transports])
+    fractions = lossy.received(lambda key: ring_phase(world, key.step))
+    assert min(fractions[REDUCE]) >= 0.85 and any(f < 1 for f in fractions[REDUCE])  # not vacuous: some came short
+    assert set(fractions[GATHER]) == {1.0}
+    for it in range(iterations):
+        assert all(np.array_equal(results[0][it], results[rank][it]) for rank in range(world))
+    # Only the zero-filled elements depart from the mean, and then by the contributions they lost.
+    exact = np.isclose(results[0][0], inputs.mean(axis=0), rtol=1e-5, atol=1e-6)
+    assert exact.mean() > 0.9
+
+
+def test_the_parameter_server_averages_each_element_over_the_pushes_that_arrived(loopback_addresses):
+    # Worker 1's push of fc1 loses its first fragment (tolerated); the server's pull to worker 2 loses one (resent).
+    lost = {(1, PS_PUSH, 0), (0, PS_PULL, 1400)}
+    drop_lost = drop_once(lost)
+    lossy = LossyMlt(lambda me, frame: frame.tensor == 0 and drop_lost(me, frame), loss_bound=0.4)
+    initial, model, pulled = ps_iteration(loopback_addresses(PS_WORLD + 1),
+                                          lambda model: [np.full(model.params.size, g, np.float32) for g in (1, 2, 6)],
+                                          lossy)
+    fc1 = model.layer_slice((0,))  # 4160 bytes: 3 fragments of 1400 (350 floats), 1664 bytes may be missing
+    assert fc1.stop - fc1.start == 1040
+    mean = np.full(model.params.size, 3.0)                 # (1 + 2 + 6) / 3
+    mean[fc1.start:fc1.start + 350] = 3.5                  # (1 + 6) / 2: worker 1's lost contribution not counted
+    for p in pulled:
+        np.testing.assert_allclose(p, initial - PS_LR * mean, rtol=1e-6, atol=1e-6)
+        assert np.array_equal(p, pulled[0])
+    fractions = lossy.received(lambda key: ps_phase(key.step))
+    assert not lost and min(fractions[REDUCE]) < 1 and set(fractions[GATHER]) == {1.0}

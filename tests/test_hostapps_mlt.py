@@ -1,4 +1,5 @@
 """The loss-tolerant datagram transport: pure reassembly/rate logic, wire fuzzing, loopback transports, training."""
+import csv
 import errno
 import itertools
 import json
@@ -12,6 +13,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hostapps import codec, worker
+from hostapps.collectives import ring_phase
 from hostapps.config import Model, ProcessConfig, build_model
 from hostapps.mlt import (MltOptions, MltTransport, RateControl, Reassembly, fragments_to_resend,
                           least_important_fragments, missing_fragments)
@@ -89,21 +91,19 @@ def test_quiet_period_stretches_for_a_slowly_paced_message():
     assert reassembly.due(now=0.061, loss_bound=0.3, quiet_s=0.005) == "complete"
 
 
-def test_lost_gradient_bytes_are_zero_and_lost_parameter_bytes_keep_their_value():
-    values = np.arange(1, 501, dtype=np.float32)  # 2000 bytes, 100-byte fragments, fragment 3 lost
-    reassembly = Reassembly(values.nbytes, 100, now=0.0)
-    for offset, payload in fragments_of(values.tobytes(), 100):
-        if offset != 300:
-            reassembly.add(offset, values.nbytes, 100, memoryview(payload), now=0.0)
+def test_lost_bytes_read_zero_and_only_whole_elements_count_as_arrived():
+    values = np.arange(1, 501, dtype=np.float32)  # 2000 bytes, 102-byte fragments, fragment 3 lost
+    reassembly = Reassembly(values.nbytes, 102, now=0.0)
+    for offset, payload in fragments_of(values.tobytes(), 102):
+        if offset != 306:
+            reassembly.add(offset, values.nbytes, 102, memoryview(payload), now=0.0)
     gradient = np.full(500, -1.0, dtype=np.float32)
-    reassembly.copy_into(gradient, keep_unreceived=False)
-    params = np.full(500, -1.0, dtype=np.float32)
-    reassembly.copy_into(params, keep_unreceived=True)
-    lost = slice(75, 100)
-    assert np.all(gradient[lost] == 0) and np.all(params[lost] == -1)
-    rest = np.ones(500, dtype=bool)
-    rest[lost] = False
-    assert np.array_equal(gradient[rest], values[rest]) and np.array_equal(params[rest], values[rest])
+    reassembly.copy_into(gradient)
+    arrived = np.zeros(500, dtype=bool)
+    reassembly.arrived_elements(arrived, 4)
+    lost = slice(76, 102)  # bytes 306..407: floats 76..101 lie partly or wholly in them
+    assert np.all(gradient[77:101] == 0) and not arrived[lost].any()
+    assert np.array_equal(gradient[arrived], values[arrived]) and arrived.sum() == 500 - 26
 
 
 def test_a_nack_is_answered_with_just_enough_fragments_important_ones_first():
@@ -298,7 +298,7 @@ def test_loss_within_the_bound_completes_without_retransmission(loopback_address
     sender, receiver = transport_pair(loopback_addresses, options, drop=lambda frame: frame.offset == 1400)
     values = np.ones(35_000, dtype=np.float32)  # 100 fragments; 1 dropped, the 5 smallest marked LE
     values[350 * 2:350 * 7] = 1e-6
-    sender.send(RECEIVER, KEY, values)
+    sender.send(RECEIVER, KEY, values, tolerate_loss=True)
     out = np.empty_like(values)
     assert receiver.recv(SENDER, KEY, out) == pytest.approx(0.99)
     assert np.all(out[350:700] == 0) and np.array_equal(out[700:], values[700:])
@@ -381,20 +381,49 @@ def test_the_largest_message_of_a_job_comes_from_its_model(changes, largest):
 @pytest.mark.parametrize("ps_slice_bytes", [0, 33024])
 def test_training_converges_with_random_loss_within_the_bound(loopback_addresses, monkeypatch, ps_slice_bytes):
     transports = []
+    received = {"worker": [], "server": []}  # delivered fractions of the messages each role received
     rng = random.Random(1)
 
-    def lossy_transport(*args, **kwargs):
-        transports.append(MltTransport(*args, **kwargs, drop=lambda frame: rng.random() < 0.01))
+    def lossy_transport(me, listen, job, timeout, log, options):
+        def logged(*message):
+            if message[4] == "recv":
+                received[me.role].append(message[-1])
+            log(*message)
+        transports.append(MltTransport(me, listen, job, timeout, logged, options,
+                                       drop=lambda frame: rng.random() < 0.01))
         return transports[-1]
     monkeypatch.setattr(worker, "MltTransport", lossy_transport)
     summaries = run_job(loopback_addresses, 2, "ps", 1, model=Model(width=128), loss_bound=0.05, eval_every=0,
                         ps_slice_bytes=ps_slice_bytes, **LOOPBACK)
     assert summaries[0]["final_accuracy"] >= 0.9
     assert sum(t.stats.datagrams_dropped for t in transports) > 0
-    # NACKs only ask for messages below 95% delivered; everything else completes as it is.
-    assert max(t.stats.nack_max_delivered for t in transports) < 0.95
-    fractions = [m.delivered_fraction for s in summaries for m in s["recorder"].messages if m.direction == "recv"]
-    assert min(fractions) >= 0.95 and any(f < 1 for f in fractions)
+    # The server NACKs pushes only below 95% delivered; everything else completes as it is.
+    assert max(t.stats.nack_max_delivered for t in transports if t.me.role == "server") < 0.95
+    assert min(received["server"]) >= 0.95 and any(f < 1 for f in received["server"])
+    assert set(received["worker"]) == {1.0}  # pulls are exact
+    assert np.array_equal(summaries[0]["model"].params, summaries[1]["model"].params)
+
+
+def test_allreduce_replicas_stay_bit_identical_with_loss_on_one_workers_link(loopback_addresses, monkeypatch, tmp_path):
+    rng = random.Random(2)
+
+    def lossy_transport(me, listen, job, timeout, log, options):  # 1% of worker 0's datagrams lost
+        return MltTransport(me, listen, job, timeout, log, options,
+                            drop=lambda frame: me.rank == 0 and rng.random() < 0.01)
+    monkeypatch.setattr(worker, "MltTransport", lossy_transport)
+    # fc1's chunks: 44 kB in 32 datagrams, one of which may stay missing under the bound.
+    summaries = run_job(loopback_addresses, 3, model=Model(width=512), loss_bound=0.05, iterations=12,
+                        eval_every=0, **LOOPBACK)
+    assert all(np.array_equal(summaries[0]["model"].params, s["model"].params) for s in summaries)
+    rows = []
+    for s in summaries:
+        s["recorder"].write(str(tmp_path / str(s["rank"])), {t: (str(t), str(t)) for t in range(3)}, {},
+                            lambda tensor, step: ring_phase(3, step))
+        with open(tmp_path / str(s["rank"]) / "iterations.csv") as f:
+            rows += list(csv.DictReader(f))
+    reduce = [float(r["delivered_fraction_reduce"]) for r in rows]
+    assert min(reduce) >= 0.95 and any(f < 1 for f in reduce)  # some reduce-scatter message came short
+    assert {r["delivered_fraction_gather"] for r in rows} == {"1.0000"}  # the all-gather is exact
 
 
 def forge(to, frame: codec.Frame, fragment_bytes: int, payload: bytes = b"", source: str = "127.0.0.1",

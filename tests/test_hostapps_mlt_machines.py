@@ -42,11 +42,11 @@ def on_the_wire(emission: Emission) -> codec.Datagram:
     return datagram(emission.header + bytes(emission.payload))
 
 
-def data(key: MessageKey, index: int, message: bytes, fragment: int = FRAGMENT) -> codec.Datagram:
-    """Fragment `index` of `message` as SENDER sends it."""
+def data(key: MessageKey, index: int, message: bytes, fragment: int = FRAGMENT, required: int = 0) -> codec.Datagram:
+    """Fragment `index` of `message` as SENDER sends it, saying `required` bytes must arrive."""
     payload = message[index * fragment:(index + 1) * fragment]
     frame = wire.data_frame(SENDER, JOB, key, index * fragment, len(payload), len(message))
-    return datagram(codec.encode_datagram_header(frame, index, fragment) + payload)
+    return datagram(codec.encode_datagram_header(frame, index, fragment, required) + payload)
 
 
 def first_pass(machine: Sender, message: Outgoing, now: float = 0.0) -> list[Emission]:
@@ -68,8 +68,10 @@ def drain(machine: Sender, now: float = 0.0) -> list[Emission]:
     return emissions
 
 
-def submit(machine: Sender, peer: Peer = RECEIVER, key: MessageKey = KEY, payload: bytes | None = None) -> Outgoing:
-    return machine.submit(peer, key, np.frombuffer(MESSAGE if payload is None else payload, np.uint8).copy(), None)
+def submit(machine: Sender, peer: Peer = RECEIVER, key: MessageKey = KEY, payload: bytes | None = None,
+           tolerate_loss: bool = False) -> Outgoing:
+    return machine.submit(peer, key, np.frombuffer(MESSAGE if payload is None else payload, np.uint8).copy(), None,
+                          tolerate_loss)
 
 
 def feedback_of(actions) -> list[codec.Datagram]:
@@ -112,6 +114,16 @@ def test_a_quiet_message_within_the_bound_completes_and_one_below_it_is_nacked_e
     assert list(wire.missing_fragments(nack.payload, 1024, FRAGMENT)) == [4, 7]
     assert feedback_of(below.tick(0.009)) == []  # one NACK per quiet period
     assert len(feedback_of(below.tick(0.0101))) == 1 and below.stats.nacks_sent == 2
+
+
+def test_an_exact_message_is_nacked_until_whole_whatever_the_loss_bound():
+    machine = receiver(loss_bound=0.5)  # 512 bytes may be missing, but its sender says all 1024 must arrive
+    for index in set(range(11)) - {4}:
+        machine.on_data(SENDER, data(KEY, index, MESSAGE, required=len(MESSAGE)), now=0.0)
+    nack, = feedback_of(machine.tick(0.005))
+    assert nack.frame.kind == codec.KIND_NACK and list(wire.missing_fragments(nack.payload, 1024, FRAGMENT)) == [4]
+    ack, delivery = machine.on_data(SENDER, data(KEY, 4, MESSAGE, required=len(MESSAGE)), now=0.006)
+    assert datagram(ack.datagram).frame.kind == codec.KIND_ACK and delivery.message.buffer.tobytes() == MESSAGE
 
 
 def test_no_decision_before_the_last_fragment_arrives_however_quiet():
@@ -188,9 +200,11 @@ def nack(message: bytes, missing: list[int], fragment: int = FRAGMENT, key: Mess
 
 def test_a_nack_produces_just_enough_resends_and_a_busy_message_is_not_served_twice():
     machine = sender(loss_bound=0.1)  # 1024 bytes: 102 may be missing
-    message = submit(machine)
+    message = submit(machine, tolerate_loss=True)
     machine.on_feedback(RECEIVER, nack(MESSAGE, [2, 5, 10]), now=0.0)  # during the first pass: ignored
-    assert len(first_pass(machine, message)) == 11 and drain(machine) == []
+    first = first_pass(machine, message)
+    assert len(first) == 11 and drain(machine) == []
+    assert {on_the_wire(e).delivered for e in first} == {1024 - 102}  # the bytes the receiver must hold
     machine.on_feedback(RECEIVER, nack(MESSAGE, [2, 5, 10]), now=0.01)  # 224 missing: 122 short of the bound
     assert machine.ready
     machine.on_feedback(RECEIVER, nack(MESSAGE, [2, 5, 10]), now=0.011)  # the resends are not out yet: ignored
@@ -200,19 +214,28 @@ def test_a_nack_produces_just_enough_resends_and_a_busy_message_is_not_served_tw
     assert machine.stats.fragments_retransmitted == 2 and not message.busy
 
 
+def test_an_exact_message_resends_every_fragment_a_nack_names_whatever_the_loss_bound():
+    machine = sender(loss_bound=0.1)
+    message = submit(machine)
+    assert {on_the_wire(e).delivered for e in first_pass(machine, message)} == {1024}  # all must arrive
+    machine.on_feedback(RECEIVER, nack(MESSAGE, [2, 5, 10]), now=0.01)  # 224 missing: within 0.1 but exact
+    assert [on_the_wire(e).frame.offset for e in drain(machine)] == [200, 500, 1000]
+
+
 def test_a_nack_resends_important_fragments_first_and_never_marks_them():
     values = np.ones(250, np.float32)  # 10 fragments of 100 bytes (25 floats)
     values[25 * 3:25 * 4] = 1e-6       # fragment 3 is the least important
     machine = sender(loss_bound=0.1, drop_marking=True)
-    marked = machine.lower_effort(values)
+    marked = machine.lower_effort(values, tolerate_loss=True)
     assert list(np.flatnonzero(marked)) == [3]
-    first = first_pass(machine, machine.submit(RECEIVER, KEY, values.view(np.uint8).copy(), marked))
+    assert machine.lower_effort(values, tolerate_loss=False) is None  # an exact message needs every fragment
+    first = first_pass(machine, machine.submit(RECEIVER, KEY, values.view(np.uint8).copy(), marked, True))
     assert [e.dscp for e in first if e.lower_effort] == [LE_DSCP] and first[3].lower_effort
     machine.on_feedback(RECEIVER, nack(values.tobytes(), [3, 6]), now=0.01)  # 100 bytes short: one fragment
     assert [(on_the_wire(e).frame.offset, e.lower_effort) for e in drain(machine)] == [(600, False)]
-    assert sender(drop_marking=True).lower_effort(values) is None  # no loss bound: nothing may go
+    assert sender(drop_marking=True).lower_effort(values, True) is None  # no loss bound: nothing may go
     assert Sender(RECEIVER, JOB, options(loss_bound=0.1, drop_marking=True), TIMEOUT,
-                  MltStats()).lower_effort(values) is None  # a server's parameters are never marked
+                  MltStats()).lower_effort(values, True) is None  # a server's parameters are never marked
 
 
 def test_a_lost_last_fragment_is_probed_after_the_rto_which_doubles():
@@ -319,11 +342,11 @@ def test_only_our_peers_datagrams_from_their_hosts_count():
 
 # --- both ends, through a lossy network with a simulated clock
 
-def exchange(values: np.ndarray, loss_bound: float, lost) -> tuple[Delivery, Sender]:
+def exchange(values: np.ndarray, loss_bound: float, lost, tolerate_loss: bool = True) -> tuple[Delivery, Sender]:
     """Send `values` from a Sender to a Receiver, ticking both whenever the sender idles; `lost()` drops each
     datagram either way but RATE advice.  Timeouts so long that only a bug could fail the exchange."""
     tx, rx = sender(1000.0, loss_bound=loss_bound), receiver(1000.0, loss_bound=loss_bound)
-    message = tx.submit(RECEIVER, KEY, values.view(np.uint8).copy(), None)
+    message = tx.submit(RECEIVER, KEY, values.view(np.uint8).copy(), None, tolerate_loss)
     now, delivered = 0.0, []
     while tx.outgoing:
         assert now < 600, "no progress"
@@ -347,16 +370,17 @@ def exchange(values: np.ndarray, loss_bound: float, lost) -> tuple[Delivery, Sen
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(1, 3000), st.sampled_from([0.0, 0.01, 0.1]), st.floats(0, 0.4), st.randoms(use_true_random=False))
-def test_every_message_arrives_within_its_bound_whatever_is_lost(floats, loss_bound, loss, rng):
+@given(st.integers(1, 3000), st.sampled_from([0.0, 0.01, 0.1]), st.floats(0, 0.4), st.randoms(use_true_random=False),
+       st.booleans())
+def test_every_message_arrives_within_its_bound_whatever_is_lost(floats, loss_bound, loss, rng, tolerate_loss):
     values = np.arange(1, floats + 1, dtype=np.float32)
-    delivery, tx = exchange(values, loss_bound, lambda: rng.random() < loss)
+    delivery, tx = exchange(values, loss_bound, lambda: rng.random() < loss, tolerate_loss)
     out = np.full_like(values, -1.0)
-    delivery.message.copy_into(out, keep_unreceived=False)
+    delivery.message.copy_into(out)
     arrived = out != 0
     assert np.array_equal(out[arrived], values[arrived])  # what arrived is right; what did not reads zero
     assert values.nbytes - delivery.message.delivered <= wire.allowed_missing_bytes(values.nbytes, loss_bound)
-    assert loss_bound > 0 or delivery.message.delivered == values.nbytes
+    assert (loss_bound > 0 and tolerate_loss) or delivery.message.delivered == values.nbytes  # exact: all of it
 
 
 def test_a_loss_free_exchange_needs_no_retransmission():

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+from hostapps.collectives import ps_phase
 from hostapps.config import Model, ProcessConfig
 from hostapps.profiles import resnet50
 from hostapps.records import ITERATION_COLUMNS, TENSOR_COLUMNS, Recorder
@@ -83,18 +84,20 @@ def peer_list(addresses):
     return ",".join("%s:%d" % a for a in addresses)
 
 
-def test_an_iterations_delivered_fraction_weighs_its_received_messages_by_bytes(tmp_path):
+def test_an_iterations_delivered_fraction_weighs_its_received_messages_by_bytes_in_all_and_per_phase(tmp_path):
     recorder = Recorder(0, "worker", 0)
     server = Peer("server", 0)
-    recorder.log_message(0, 0, 1, 1000, "recv", server, 1.0, 1.1, 0.9)
+    recorder.log_message(0, 0, 0, 1000, "recv", server, 1.0, 1.1, 0.9)  # a push (reduce), as a server gets it
     recorder.log_message(0, 1, 1, 3000, "recv", server, 1.0, 1.1, 1.0)
     recorder.log_message(0, 1, 0, 5000, "send", server, 1.0, 1.1, 1.0)
     recorder.add_iteration(0, 1.0, 1.2, 0.1, 0.5, None)
     recorder.add_iteration(1, 1.2, 1.3, 0.0, 0.4, None)  # received nothing: all of nothing arrived
-    recorder.write(str(tmp_path), {0: ("fc1", "0"), 1: ("fc2", "1")}, {})
+    recorder.write(str(tmp_path), {0: ("fc1", "0"), 1: ("fc2", "1")}, {}, lambda tensor, step: ps_phase(step))
     with open(tmp_path / "iterations.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["delivered_fraction"] for r in rows] == ["0.9750", "1.0000"]
+    assert [(r["delivered_fraction_reduce"], r["delivered_fraction_gather"]) for r in rows] == [
+        ("0.9000", "1.0000"), ("", "")]  # a phase with nothing received has no fraction
     assert [r["bytes_recv"] for r in rows] == ["4000", "0"]
 
 

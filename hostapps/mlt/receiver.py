@@ -3,8 +3,10 @@
 No sockets, threads or clock of its own.  The transport hands it each DATA datagram of a peer it
 trusts (our job, from that peer's host) and a tick every half quiet period, both with the time, and
 does what the returned actions say: send a Reply (an ACK, a NACK, a RATE advice) from its home
-socket, hand a Delivery (a message complete within its loss bound) to recv().  Completion rule,
-NACKs and advice: docs/mlt.md.
+socket, hand a Delivery (a message complete within its loss bound) to recv().  A message's bound is
+the stricter of ours and its sender's: every DATA datagram says how many bytes must arrive, all of
+them for an exact message (docs/mlt.md: exact messages).  Completion rule, NACKs and advice:
+docs/mlt.md.
 
 Memory stays bounded whatever arrives: a DATA frame may declare at most max_message_bytes, and one
 peer's incomplete messages are capped in number (MAX_INCOMPLETE_MESSAGES) and bytes (INCOMPLETE_BYTES,
@@ -37,10 +39,11 @@ def reassembly_bytes(total: int, fragment_bytes: int) -> int:
 
 
 class Reassembly:
-    """One incoming message: its buffer, which fragments arrived, and the completion rule."""
+    """One incoming message: its buffer, which fragments arrived, and the completion rule.
+    `required`: the bytes its sender says must arrive (the total for an exact message)."""
 
-    def __init__(self, total: int, fragment_bytes: int, now: float):
-        self.total, self.fragment_bytes = total, fragment_bytes
+    def __init__(self, total: int, fragment_bytes: int, now: float, required: int = 0):
+        self.total, self.fragment_bytes, self.required = total, fragment_bytes, required
         self.buffer = np.zeros(total, dtype=np.uint8)  # what never arrives reads as zero
         self._view = memoryview(self.buffer)
         self.received = np.zeros(max(1, wire.fragment_count(total, fragment_bytes)), dtype=bool)
@@ -71,7 +74,8 @@ class Reassembly:
         return self.delivered / self.total if self.total else 1.0
 
     def within_bound(self, loss_bound: float) -> bool:
-        return self.total - self.delivered <= wire.allowed_missing_bytes(self.total, loss_bound)
+        return (self.delivered >= self.required
+                and self.total - self.delivered <= wire.allowed_missing_bytes(self.total, loss_bound))
 
     def quiet_period(self, quiet_s: float) -> float:
         if self.arrivals < 2:
@@ -90,14 +94,17 @@ class Reassembly:
     def missing_bitmap(self) -> bytes:
         return wire.missing_bitmap(self.received)
 
-    def copy_into(self, out: np.ndarray, keep_unreceived: bool) -> None:
-        """Write the message into out: missing bytes zero, or (keep_unreceived) left as they were."""
-        target = out.reshape(-1).view(np.uint8)
-        if keep_unreceived and self.delivered < self.total:
-            mask = np.repeat(self.received, self.fragment_bytes)[:self.total]
-            np.copyto(target, self.buffer, where=mask)
-        else:
-            target[:] = self.buffer
+    def copy_into(self, out: np.ndarray) -> None:
+        """Write the message into out, missing bytes zero (only a message that tolerates loss has any)."""
+        out.reshape(-1).view(np.uint8)[:] = self.buffer
+
+    def arrived_elements(self, arrived: np.ndarray, itemsize: int) -> None:
+        """Set arrived (one bool per `itemsize`-byte element) True where every byte of the element arrived."""
+        if self.delivered == self.total:
+            arrived[...] = True
+            return
+        received_bytes = np.repeat(self.received, self.fragment_bytes)[:self.total]
+        arrived.reshape(-1)[:] = received_bytes.reshape(-1, itemsize).all(axis=1)
 
 
 class Reply(NamedTuple):
@@ -155,7 +162,8 @@ class Receiver:
                     or self._held_bytes[peer] + footprint > self._held_budget):
                 self.stats.over_budget += 1
                 return ()
-            reassembly = self.incoming[ident] = Reassembly(frame.total, datagram.fragment_bytes, now)
+            reassembly = self.incoming[ident] = Reassembly(frame.total, datagram.fragment_bytes, now,
+                                                           datagram.delivered)
             self._held_messages[peer] += 1
             self._held_bytes[peer] += footprint
         try:

@@ -7,12 +7,15 @@ link, HostPacer): a message's first pass datagram by datagram (first_datagram), 
 and probes of every peer (next_datagram): of the peers with some waiting, the one whose rate lets
 it leave first; a peer's pending passes take turns.
 
-A message is kept until its receiver ACKs it.  A NACK is answered with just enough of the fragments
-it names to bring the message within its loss bound (unmarked ones first); a message that hears
-nothing for its RTO after a pass has its last fragment re-sent (a probe, which makes the receiver
-ACK or NACK it), with the RTO doubling up to MAX_RTO_S; one that hears nothing for the timeout
-fails its peer.  Drop marking sends the least important fragments of a worker's first pass as
-lower-effort (LE_DSCP).  docs/mlt.md has the protocol.
+A message is kept until its receiver ACKs it.  It either tolerates loss (a gradient on its way to
+be reduced) or is exact (what every replica must agree on: all-gathered sums, pulled parameters,
+agreements); its DATA datagrams tell the receiver how many of its bytes it must hold.  A NACK is
+answered with just enough of the fragments it names to bring the message within its bound, 0 for
+an exact one (unmarked ones first); a message that hears nothing for its RTO after a pass has its
+last fragment re-sent (a probe, which makes the receiver ACK or NACK it), with the RTO doubling up
+to MAX_RTO_S; one that hears nothing for the timeout fails its peer.  Drop marking sends the least
+important fragments of a worker's first pass of a message that tolerates loss as lower-effort
+(LE_DSCP).  docs/mlt.md has the protocol.
 """
 import itertools
 import math
@@ -36,8 +39,8 @@ MAX_RTO_S = 1.0
 def fragments_to_resend(missing: np.ndarray, marked: np.ndarray | None, total: int, fragment_bytes: int,
                         short_bytes: int) -> np.ndarray:
     """The NACKed fragments worth resending: just enough to bring the message within its loss bound
-    (short_bytes more), the important ones first; all of them with loss bound 0.  Resending the marked
-    fragments a drop-marking sender let go would only feed the droppable queue again."""
+    (short_bytes more), the important ones first; all of them for an exact message or with loss bound 0.
+    Resending the marked fragments a drop-marking sender let go would only feed the droppable queue again."""
     if short_bytes <= 0:
         return missing[:0]
     order = missing if marked is None else missing[np.argsort(marked[missing], kind="stable")]
@@ -68,6 +71,7 @@ class Outgoing:
     key: MessageKey
     payload: np.ndarray             # uint8 copy: the caller may reuse its array
     marked: np.ndarray | None       # per fragment: send with LE_DSCP
+    required: int                   # bytes the receiver must hold: the total, or less if it tolerates loss
     dscp: int
     fragments: int                  # in its first pass: all of them, at least one
     handed_out: int = 0             # of its first pass
@@ -138,16 +142,21 @@ class Sender:
             raise ValueError(f"DSCP {dscp} is not in 0..63")
         self._dscp[peer] = dscp
 
-    def lower_effort(self, values: np.ndarray) -> np.ndarray | None:
+    def lower_effort(self, values: np.ndarray, tolerate_loss: bool) -> np.ndarray | None:
         """Per fragment of a message, whether its first pass sends it LE: only with drop marking, and only a
-        worker's (gradients).  Reads no state that changes: callable outside the transport's lock."""
-        if self.drop_marking and self.loss_bound > 0 and self.me.role == "worker":
+        worker's message that tolerates loss (a gradient).  Reads no state that changes: callable outside the
+        transport's lock."""
+        if self.drop_marking and self.loss_bound > 0 and tolerate_loss and self.me.role == "worker":
             return least_important_fragments(values, self.fragment_bytes, self.loss_bound)
         return None
 
-    def submit(self, peer: Peer, key: MessageKey, payload: np.ndarray, marked: np.ndarray | None) -> Outgoing:
-        """A message to send: kept until ACKed; its first pass is handed out by first_datagram."""
-        message = Outgoing(peer, key, payload, marked, self.tensor_dscp.get(key.tensor, self._dscp.get(peer, 0)),
+    def submit(self, peer: Peer, key: MessageKey, payload: np.ndarray, marked: np.ndarray | None,
+               tolerate_loss: bool = False) -> Outgoing:
+        """A message to send: kept until ACKed; its first pass is handed out by first_datagram.  It may arrive
+        short by the loss bound only if it tolerates loss; otherwise it arrives whole."""
+        message = Outgoing(peer, key, payload, marked,
+                           wire.required_bytes(payload.size, self.loss_bound, tolerate_loss),
+                           self.tensor_dscp.get(key.tensor, self._dscp.get(peer, 0)),
                            max(1, wire.fragment_count(payload.size, self.fragment_bytes)))
         self.outgoing[(peer, key)] = message
         return message
@@ -192,7 +201,8 @@ class Sender:
         offset = index * self.fragment_bytes
         length = message.length(index, self.fragment_bytes)
         frame = wire.data_frame(self.me, self.job, message.key, offset, length, message.payload.size)
-        header = codec.encode_datagram_header(frame, next(self._sequence) & 0xFFFFFFFF, self.fragment_bytes)
+        header = codec.encode_datagram_header(frame, next(self._sequence) & 0xFFFFFFFF, self.fragment_bytes,
+                                              message.required)
         lower = first and message.marked is not None and bool(message.marked[index])
         return Emission(message.peer, frame, header, message.view[offset:offset + length],
                         LE_DSCP if lower else message.dscp, lower, at, message, first, ends)
@@ -229,8 +239,7 @@ class Sender:
             message.busy = True
             missing = wire.missing_fragments(datagram.payload, frame.total, self.fragment_bytes)
             resend = fragments_to_resend(missing, message.marked, frame.total, self.fragment_bytes,
-                                         frame.total - datagram.delivered
-                                         - wire.allowed_missing_bytes(frame.total, self.loss_bound))
+                                         message.required - datagram.delivered)
             self.stats.fragments_retransmitted += len(resend)
             if len(resend):
                 self._queue(Pass(message, resend))

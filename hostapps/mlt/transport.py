@@ -198,7 +198,7 @@ class MltTransport(Transport):
 
     # --- sending
 
-    def send(self, peer: Peer, key: MessageKey, array: np.ndarray) -> None:
+    def send(self, peer: Peer, key: MessageKey, array: np.ndarray, tolerate_loss: bool = False) -> None:
         if peer not in self._peers.addresses:  # a caller's bug: fail the call, not the send thread that would meet it
             raise TransportError(f"{peer} is not a peer of {self.me}")
         self._check_peer(peer)
@@ -207,10 +207,10 @@ class MltTransport(Transport):
                                  f"than the job's largest message ({self.options.max_message_bytes} bytes)")
         values = np.ascontiguousarray(array)
         payload = values.reshape(-1).view(np.uint8).copy()
-        marked = self._sender.lower_effort(values)
+        marked = self._sender.lower_effort(values, tolerate_loss)
         start = time.time()
         with self._lock:
-            message = self._sender.submit(peer, key, payload, marked)
+            message = self._sender.submit(peer, key, payload, marked, tolerate_loss)
             while (emission := self._sender.first_datagram(message, now := time.monotonic())) is not None:
                 if self._stopped.is_set():
                     raise TransportError(f"{self.me}: transport closed while sending {describe_key(key)}")
@@ -294,12 +294,14 @@ class MltTransport(Transport):
 
     # --- receiving
 
-    def recv(self, peer: Peer, key: MessageKey, out: np.ndarray) -> float:
+    def recv(self, peer: Peer, key: MessageKey, out: np.ndarray, arrived: np.ndarray | None = None) -> float:
         arrival: Reassembly = self.mailbox.take(peer, key, self.timeout)  # type: ignore[assignment]
         if arrival.total != out.nbytes:
             raise TransportError(f"{describe_key(key)} from {self._peers.names[peer]} has {arrival.total} bytes, "
                                  f"expected {out.nbytes}")
-        arrival.copy_into(out, keep_unreceived=peer.role == "server")
+        arrival.copy_into(out)
+        if arrived is not None:
+            arrival.arrived_elements(arrived, out.itemsize)
         return arrival.delivered_fraction
 
     def wait_any(self, wanted: Iterable[tuple[Peer, MessageKey]]) -> tuple[Peer, MessageKey]:

@@ -30,6 +30,12 @@ def allowed_missing_bytes(total: int, loss_bound: float) -> int:
     return math.floor(loss_bound * total + 1e-9)  # so that 0.29 * 100 allows 29 bytes
 
 
+def required_bytes(total: int, loss_bound: float, tolerate_loss: bool) -> int:
+    """The bytes of a message its receiver must hold before it completes it: all of them for an exact
+    message, all but allowed_missing_bytes for one that tolerates loss.  DATA datagrams carry it."""
+    return total - allowed_missing_bytes(total, loss_bound) if tolerate_loss else total
+
+
 def wire_bytes(payload_bytes: int) -> int:
     """What a data datagram with this payload costs on a link: what pacing counts."""
     return payload_bytes + codec.DATAGRAM_HEADER_BYTES + FRAME_OVERHEAD

@@ -36,9 +36,9 @@ def run_threads(targets):
         raise errors[0]
 
 
-def connect_mesh(peers, addresses, timeout=5.0):
-    """Fully connected TcpTransports: the lower index dials."""
-    transports = [TcpTransport(p, a, 0, timeout) for p, a in zip(peers, addresses)]
+def connect_mesh(peers, addresses, timeout=5.0, make=TcpTransport):
+    """Fully connected transports made by make(peer, address, job, timeout): the lower index dials."""
+    transports = [make(p, a, 0, timeout) for p, a in zip(peers, addresses)]
 
     def connect(i):
         dial = {peers[j]: addresses[j] for j in range(i + 1, len(peers))}
