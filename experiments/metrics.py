@@ -17,7 +17,7 @@ Definitions (the report's vocabulary):
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -34,7 +34,7 @@ PHASE_DELIVERED_COLUMNS = [f"delivered_fraction_{phase}" for phase in PHASES]
 METRIC_COLUMNS = [
     "iter_time_mean_s", "iter_time_p50_s", "iter_time_p99_s", "samples_per_s",
     "final_accuracy", "time_to_accuracy_s", "bytes_sent", "lower_bound_s", "tight_bound_s",
-    "compute_s", "comm_s", "tictac_efficiency", *PHASE_DELIVERED_COLUMNS, "speedup_vs_baseline", "uplink_imbalance",
+    "compute_s", "comm_s", "tictac_efficiency", *PHASE_DELIVERED_COLUMNS, "replica_divergence", "speedup_vs_baseline", "uplink_imbalance",
     *FIDELITY_COLUMNS,
 ]
 # TicTac's E is only defined where both parts matter: below this share of the iteration, one of
@@ -140,6 +140,16 @@ def time_to_accuracy_s(iterations: pd.DataFrame, target: float) -> float:
     if reached.empty:
         return math.nan
     return float(reached["end_s"].min() - workers["start_s"].min())
+
+
+def replica_divergence(models: list[Mapping[str, np.ndarray]]) -> float:
+    """The largest difference between two workers' final parameters (name -> array each): 0 when the
+    replicas are identical, as synchronous training must leave them; NaN without models."""
+    if not models:
+        return math.nan
+    first = models[0]
+    return float(max((np.abs(model[name] - first[name]).max(initial=0.0) for model in models[1:] for name in first),
+                     default=0.0))
 
 
 def per_run(table: pd.DataFrame, metric: Callable[[pd.DataFrame], float]) -> pd.Series:

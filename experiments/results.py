@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import yaml
 
@@ -317,6 +318,10 @@ def _run_row(out: Path, run: Run, record: dict[str, Any], records: dict[str, pd.
         target_accuracy=config.job.target_accuracy, mtu=config.topology.mtu,
         transport=config.job.transport, link_bound_s=record.get("link_bound_s", math.nan),
         tail_comm_s=record.get("tail_comm_s", math.nan)))
+    models = [process_dir(out, run.run_id, host, "worker", rank) / "model.npz"
+              for rank, host in enumerate(config.worker_hosts)]
+    if all(path.is_file() for path in models):
+        row["replica_divergence"] = metrics.replica_divergence([dict(np.load(path)) for path in models])
     start_s, end_s = metrics.training_window_s(iterations)
     row.update(fidelity.judge(records["cpu"], records["queues"], records["drains"], records["sockets"],
                               records["ovs"], records["port_rates"],

@@ -5,6 +5,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -79,6 +80,9 @@ def write_host_records(out: Path, run: Run, t0: float) -> None:
         (directory / "summary.json").write_text(json.dumps({
             "final_accuracy": final_accuracy(run), "iterations": config.job.iterations,
             "bytes_per_iteration": MODEL_BYTES, "param_count": MODEL_BYTES // 4, "wall_time_s": 3.0}))
+        if role == "worker":  # spray's second worker ends 0.25 off the others in one parameter
+            drift = 0.25 if run.axes["scheme"] == "spray" and rank == 1 else 0.0
+            np.savez(directory / "model.npz", fc1=np.full((2, 3), 1.0 + drift, np.float32), out=np.zeros(3))
 
 
 def write_network_records(out: Path, run: Run, t0: float) -> None:
@@ -147,7 +151,8 @@ def test_runs_csv_has_exactly_the_contract_columns(runs):
         "run_id", "scheme", "rep", "mode", "lb", "sched", "transport", "loss_bound", "workers", "iterations",
         "iter_time_mean_s", "iter_time_p50_s", "iter_time_p99_s", "samples_per_s", "final_accuracy",
         "time_to_accuracy_s", "bytes_sent", "lower_bound_s", "tight_bound_s", "compute_s", "comm_s",
-        "tictac_efficiency", "delivered_fraction_reduce", "delivered_fraction_gather", "speedup_vs_baseline",
+        "tictac_efficiency", "delivered_fraction_reduce", "delivered_fraction_gather", "replica_divergence",
+        "speedup_vs_baseline",
         "uplink_imbalance", "cpu_util_mean", "vswitchd_thread_util_mean", "link_rate_frac",
         "class_queue_drops_pkts", "outside_queue_drops_pkts", "app_lag_ms_p99", "fidelity_ok",
         "fidelity_reason", "faults", "data_gaps"]
@@ -165,6 +170,8 @@ def test_runs_csv_metrics_of_one_run(runs):
     assert run["bytes_sent"] == 4 * 5 * 2000
     assert run["lower_bound_s"] == pytest.approx(COMPUTE_S)  # compute exceeds the 0.12 s comm bound
     assert run["tight_bound_s"] == pytest.approx(COMPUTE_S + TAIL_COMM_S)
+    assert run["replica_divergence"] == 0
+    assert runs.loc["scheme=spray,mode=allreduce,rep=1", "replica_divergence"] == pytest.approx(0.25)
     assert (run["compute_s"], run["comm_s"]) == (pytest.approx(COMPUTE_S), pytest.approx(COMM_SPAN_S, rel=1e-4))
     assert run["tictac_efficiency"] == pytest.approx((0.6 - 0.5) / (0.6 - 0.3), rel=1e-4)
     assert run["delivered_fraction_reduce"] == pytest.approx((3 * 1.0 + 2 * 0.96) / 5)  # iterations 1 and 3 short
