@@ -40,11 +40,14 @@ ovs: venv
 	fi; \
 	$(PY) -m topologies.machine
 
+# The lint step first (pyproject.toml: ruff), then every test.
 test: setup
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q tests $(PYTEST_ARGS)
 
 # Unit tests only: no root, no network.
 unit: venv
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -m "not integration" tests $(PYTEST_ARGS)
 
 experiment: setup

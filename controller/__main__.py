@@ -1,8 +1,9 @@
 """Start the fabric controller: `python -m controller --lb {ecmp,spray,single} [...]`.
 
 Listens on 127.0.0.1 only (OpenFlow on another address of this machine with --ofp-host, for the
-switches of a fabric across servers: topologies/cluster.py), refuses to start when a port is taken (two ryu-managers can share a
-port through SO_REUSEPORT and switches then attach to the stale one), stops cleanly on SIGTERM.
+switches of a fabric across servers: topologies/cluster.py), refuses to start when a port is taken
+(two ryu-managers can share a port through SO_REUSEPORT and switches then attach to the stale one),
+stops cleanly on SIGTERM.
 """
 from __future__ import annotations
 

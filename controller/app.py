@@ -27,7 +27,7 @@ from controller.openflow import ETH_ARP, ETH_IP, ETH_LLDP, Message
 from controller.priority import FlowClass, parse_int, parse_ipv4
 from controller.rest import FabricRestController, cooperatively, serve
 from controller.routing import SwitchPlan, plan_fabric
-from controller.scheduling import Job
+from controller.scheduling import RegisteredJob
 from controller.stats import PortStatsWriter
 from controller.topology import FabricView, Host
 
@@ -298,7 +298,7 @@ class FabricController(app_manager.RyuApp):
         self.marking.remove_rest(flows)
         self.marks_changed()
 
-    def register_job(self, job: Job) -> None:
+    def register_job(self, job: RegisteredJob) -> None:
         """Schedule a training job's flows by its policy (a job of the same id is replaced).
         Raises CapacityError (nothing changed) past MAX_JOBS or MAX_MARKS."""
         self.marking.register(job)

@@ -18,7 +18,7 @@ from controller import openflow
 from controller.openflow import ETH_ARP, ETH_IP, ETH_LLDP, Match, Message
 from controller.priority import MAX_MARKS, PROTOCOLS, CapacityError, FlowClass, ingress_switch
 from controller.routing import Output, SwitchPlan
-from controller.scheduling import Job, job_flow_classes
+from controller.scheduling import RegisteredJob, job_flow_classes
 from controller.topology import FabricView
 
 CLASSIFY_TABLE, FORWARD_TABLE = 0, 1
@@ -132,7 +132,7 @@ class Marking:
 
     def __init__(self) -> None:
         self.rest: list[FlowClass] = []  # set over REST (/fabric/classes)
-        self.jobs: dict[str, Job] = {}
+        self.jobs: dict[str, RegisteredJob] = {}
         self.job_classes: dict[str, list[FlowClass]] = {}  # job id -> its rewrites
 
     def classes(self) -> list[FlowClass]:
@@ -153,7 +153,7 @@ class Marking:
         drop = None if flows is None else {f.match_key() for f in flows}
         self.rest = [] if drop is None else [f for f in self.rest if f.match_key() not in drop]
 
-    def register(self, job: Job) -> None:
+    def register(self, job: RegisteredJob) -> None:
         """Schedule a training job's flows by its policy (a job of the same id is replaced)."""
         if job.job not in self.jobs and len(self.jobs) >= MAX_JOBS:
             raise CapacityError(f"job: {MAX_JOBS} jobs are registered, the most allowed "

@@ -1,7 +1,7 @@
 """Gradient-aware flow scheduling: which DSCP each layer's gradient traffic of a training job
 carries, decided from the job's layer table by a named policy.
 
-Plain data in (a `Job`: its hosts, layer table and the L4 flows each layer uses), plain data out
+Plain data in (a `RegisteredJob`: its hosts, layer table and the L4 flows each layer uses), plain data out
 (a DSCP per layer, and the `FlowClass` rewrites the controller installs at the ingress switches).
 The fabric serves the DSCP class selectors by strict priority (topologies/shaping.py):
 
@@ -11,8 +11,8 @@ The fabric serves the DSCP class selectors by strict priority (topologies/shapin
     CS1 (8)          droppable: datagrams a sender marked LE (DSCP 1) are moved here; the class
                      is served last and has a short queue, so under congestion they drop first
 
-A policy orders the layers by urgency (`Policy.ranks`); `layer_dscps` groups that order into
-the five gradient classes. Adding a policy: subclass `Policy`, set `name`, write `ranks`,
+A policy orders the layers by urgency (`ClassPolicy.ranks`); `layer_dscps` groups that order into
+the five gradient classes. Adding a policy: subclass `ClassPolicy`, set `name`, write `ranks`,
 decorate with `@register`.
 """
 from __future__ import annotations
@@ -63,7 +63,7 @@ class JobFlow:
 
 
 @dataclass(frozen=True)
-class Job:
+class RegisteredJob:
     job: str
     policy: str
     hosts: tuple[str, ...]
@@ -72,7 +72,7 @@ class Job:
 
 
 # -- policies -------------------------------------------------------------------------------------
-class Policy:
+class ClassPolicy:
     """Orders a job's layers by how urgently their gradients are needed."""
     name: ClassVar[str]
 
@@ -82,11 +82,11 @@ class Policy:
         raise NotImplementedError
 
 
-POLICIES: dict[str, type[Policy]] = {}
+CLASS_POLICIES: dict[str, type[ClassPolicy]] = {}
 
 
-def register(cls: type[Policy]) -> type[Policy]:
-    POLICIES[cls.name] = cls
+def register(cls: type[ClassPolicy]) -> type[ClassPolicy]:
+    CLASS_POLICIES[cls.name] = cls
     return cls
 
 
@@ -98,7 +98,7 @@ def ranks_by(layers: Sequence[Layer], key: Callable[[Layer], object]) -> dict[in
 
 
 @register
-class Fifo(Policy):
+class Fifo(ClassPolicy):
     """No priorities: the network's FIFO (the baseline)."""
     name = "fifo"
 
@@ -107,7 +107,7 @@ class Fifo(Policy):
 
 
 @register
-class LayerOrder(Policy):
+class LayerOrder(ClassPolicy):
     """Front layers first (P3, ByteScheduler): the order of the next forward pass."""
     name = "layer"
 
@@ -116,7 +116,7 @@ class LayerOrder(Policy):
 
 
 @register
-class TicTac(Policy):
+class TicTac(ClassPolicy):
     """TicTac's TIC order: a parameter is as urgent as the moment the forward pass needs it.
     When every layer has `fwd_ms`, class k holds the layers needed (after the forward time of
     the layers before them) in the k-th fifth of the forward pass: the classes split its time,
@@ -138,7 +138,7 @@ class TicTac(Policy):
 
 
 @register
-class SmallestFirst(Policy):
+class SmallestFirst(ClassPolicy):
     """Small tensors first (shortest job first): many small layers finish before a large one
     holds the link; ties in the forward order."""
     name = "size"
@@ -159,7 +159,7 @@ def rank_to_class(rank: int, ranks: int, classes: int = len(GRADIENT_DSCPS)) -> 
 
 def layer_dscps(policy: str, layers: Sequence[Layer]) -> dict[int, int]:
     """Layer index -> DSCP under `policy`."""
-    ranks = POLICIES[policy]().ranks(layers)
+    ranks = CLASS_POLICIES[policy]().ranks(layers)
     if ranks is None:
         return {layer.index: DEFAULT_DSCP for layer in layers}
     count = max(ranks.values()) + 1
@@ -167,7 +167,7 @@ def layer_dscps(policy: str, layers: Sequence[Layer]) -> dict[int, int]:
 
 
 # -- from a job to flow rewrites ----------------------------------------------------------------
-def job_flow_classes(job: Job) -> list[FlowClass]:
+def job_flow_classes(job: RegisteredJob) -> list[FlowClass]:
     """The DSCP rewrites that enforce the job's policy: each flow carries the class of the most
     urgent layer it carries (one connection cannot be in two classes); a port range becomes one
     masked match per aligned block. Then, for every host, LE-marked datagrams go to CS1."""
@@ -243,23 +243,23 @@ def parse_flow(data: object, at: str, hosts: frozenset[str], indices: frozenset[
     return JobFlow(tuple(layers), src, dst, proto, sport, lo, hi)
 
 
-def job_mark_count(job: Job) -> int:
+def job_mark_count(job: RegisteredJob) -> int:
     """How many marks `job_flow_classes` makes of the job, without making them."""
     return len(job.hosts) + sum(1 if flow.dport_lo is None else
                                 len(port_range_blocks(flow.dport_lo, flow.dport_hi))
                                 for flow in job.flows)
 
 
-def parse_job(data: object) -> Job:
+def parse_job(data: object) -> RegisteredJob:
     """The job document of `POST /jobs`; every error names the field (e.g. `flows[2].dport`)."""
     check_fields(data, "", JOB_FIELDS, "job")
     job = data.get("job")
     if not isinstance(job, str) or not job or "/" in job:
         raise ValueError(f"job: {shown(job)} is not allowed (a non-empty name without '/')")
     policy = data.get("policy")
-    if not isinstance(policy, str) or policy not in POLICIES:
+    if not isinstance(policy, str) or policy not in CLASS_POLICIES:
         raise ValueError(f"policy: {shown(policy)} is not allowed "
-                         f"(one of {', '.join(sorted(POLICIES))})")
+                         f"(one of {', '.join(sorted(CLASS_POLICIES))})")
     hosts = tuple(parse_ipv4(f"hosts[{i}]", h)
                   for i, h in enumerate(parse_list("hosts", data.get("hosts"), MAX_HOSTS)))
     layers = tuple(parse_layer(layer, f"layers[{i}]")
@@ -274,7 +274,7 @@ def parse_job(data: object) -> Job:
     flows = tuple(parse_flow(flow, f"flows[{i}]", known_hosts, known_indices) for i, flow in
                   enumerate(parse_list("flows", data.get("flows", []), MAX_FLOWS,
                                        may_be_empty=True)))
-    parsed = Job(job, policy, hosts, layers, flows)
+    parsed = RegisteredJob(job, policy, hosts, layers, flows)
     marks = job_mark_count(parsed)
     if marks > MAX_MARKS:
         raise ValueError(f"flows: the job needs {marks} marks (one per host, one per flow or per "
@@ -282,7 +282,7 @@ def parse_job(data: object) -> Job:
     return parsed
 
 
-def describe_job(job: Job) -> dict:
+def describe_job(job: RegisteredJob) -> dict:
     """The job as `GET /jobs` shows it: its policy's DSCP per layer and the rewrites."""
     dscps = layer_dscps(job.policy, job.layers)
     return {"job": job.job, "policy": job.policy, "hosts": list(job.hosts),

@@ -5,7 +5,7 @@ from typing import Iterable, Iterator, Mapping
 
 from controller.priority import FlowClass, ingress_switch
 from controller.routing import SwitchPlan
-from controller.scheduling import Job, describe_job
+from controller.scheduling import RegisteredJob, describe_job
 from controller.topology import FabricView
 
 
@@ -58,6 +58,6 @@ def describe_flow_classes(view: FabricView, flows: Iterable[FlowClass]) -> list[
                                        else None)} for f in flows]
 
 
-def describe_jobs(jobs: Iterable[Job]) -> Iterator[dict]:
+def describe_jobs(jobs: Iterable[RegisteredJob]) -> Iterator[dict]:
     """GET /jobs: each job, one at a time (REST yields in between)."""
     return (describe_job(job) for job in list(jobs))

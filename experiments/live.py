@@ -175,7 +175,8 @@ class LiveView:
         queues = {(row[0], row[1], row[2]): row[5] for row in latest.get("queues", [])}
         if not self._queues_at_start:
             self._queues_at_start = dict(queues)
-        drops = [{"switch": switch, "port": port, "cs": cs, "dropped": n - self._queues_at_start.get((switch, port, cs), n)}
+        start = self._queues_at_start
+        drops = [{"switch": switch, "port": port, "cs": cs, "dropped": n - start.get((switch, port, cs), n)}
                  for (switch, port, cs), n in sorted(queues.items())]
         self._state["queues"] = [row for row in drops if row["dropped"] > 0]
         cpu = latest.get("cpu")

@@ -34,8 +34,8 @@ PHASE_DELIVERED_COLUMNS = [f"delivered_fraction_{phase}" for phase in PHASES]
 METRIC_COLUMNS = [
     "iter_time_mean_s", "iter_time_p50_s", "iter_time_p99_s", "samples_per_s",
     "final_accuracy", "time_to_accuracy_s", "bytes_sent", "lower_bound_s", "tight_bound_s",
-    "compute_s", "comm_s", "tictac_efficiency", *PHASE_DELIVERED_COLUMNS, "replica_divergence", "speedup_vs_baseline", "uplink_imbalance",
-    *FIDELITY_COLUMNS,
+    "compute_s", "comm_s", "tictac_efficiency", *PHASE_DELIVERED_COLUMNS, "replica_divergence",
+    "speedup_vs_baseline", "uplink_imbalance", *FIDELITY_COLUMNS,
 ]
 # TicTac's E is only defined where both parts matter: below this share of the iteration, one of
 # them is noise and E = (comm + comp - T) / min(comm, comp) divides by it (-88.85 on an MLP run).

@@ -61,8 +61,8 @@ SERVER_PORT = 7100
 PEER_TIMEOUT_S = 30.0   # host apps fail when a peer stays silent this long
 RUN_TIMEOUT_S = 600.0   # a job still running after this is killed and its run failed
 POLL_S = 0.2
-CONTROLLER_CHECK_S = 1.0
-ITERATION_LINE = re.compile(r"^iteration \d+/\d+ (\d+\.\d+)$", re.M)  # the rank-0 worker's stdout  # how often the runner checks that the controller is alive
+CONTROLLER_CHECK_S = 1.0  # how often the runner checks that the controller is alive
+ITERATION_LINE = re.compile(r"^iteration \d+/\d+ (\d+\.\d+)$", re.M)  # the rank-0 worker's stdout
 
 
 @dataclass

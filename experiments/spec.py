@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterable, Literal
 import yaml
 
 from controller.routing import LB_MODES
-from controller.scheduling import POLICIES as CLASS_POLICIES
+from controller.scheduling import CLASS_POLICIES
 from experiments.metrics import METRIC_COLUMNS
 from hostapps import schema
 from hostapps.config import U32, Training, check_training

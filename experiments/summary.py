@@ -18,7 +18,8 @@ from experiments.spec import Spec, load_spec
 from hostapps.files import write_text
 
 COLUMNS = ["scheme", "iter time (s)", "speedup", "samples/s", "final acc", "acc delta", "time-to-acc (s)",
-           "p99 tensor (ms)", "delivered fraction", "uplink imbalance", "lower bound (s)", "tight bound (s)", "overlap E", "fidelity"]
+           "p99 tensor (ms)", "delivered fraction", "uplink imbalance", "lower bound (s)", "tight bound (s)",
+           "overlap E", "fidelity"]
 
 # One line per column (but scheme): what it is and how it is computed.
 LEGEND = [

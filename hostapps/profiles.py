@@ -152,7 +152,7 @@ def vgg16(batch: int = 16) -> list[ProfileLayer]:
     layers, c_in, side = [], 3, 224
     for block, (convs, c_out) in enumerate([(2, 64), (2, 128), (3, 256), (3, 512), (3, 512)], 1):
         for i in range(convs):
-            layers.append(_conv("conv%d_%d" % (block, i + 1), 3, c_in, c_out, side, batch, True))
+            layers.append(_conv(f"conv{block}_{i + 1}", 3, c_in, c_out, side, batch, True))
             c_in = c_out
         side //= 2
     return layers + [_dense("fc6", 512 * 7 * 7, 4096, batch), _dense("fc7", 4096, 4096, batch),
@@ -168,7 +168,7 @@ def bert_base(batch: int = 16, seq: int = 128) -> list[ProfileLayer]:
               _norm("embeddings.LayerNorm", hidden, tokens * hidden, 1)]
     attention_matmuls = 2 * 2.0 * seq * seq * hidden * batch  # Q.K^T and softmax(.).V
     for i in range(12):
-        p = "encoder.layer.%d." % i
+        p = f"encoder.layer.{i}."
         out = _dense(p + "attention.output.dense", hidden, hidden, tokens)
         layers += [_dense(p + "attention.self.query", hidden, hidden, tokens),
                    _dense(p + "attention.self.key", hidden, hidden, tokens),

@@ -101,21 +101,22 @@ class Recorder:
             for row in self.iterations:
                 received = nbytes[(row["iteration"], "recv")]
                 delivered = nbytes[(row["iteration"], "delivered")] / received if received else 1.0
-                writer.writerow({**ident, **row, "start_s": "%.6f" % row["start_s"], "end_s": "%.6f" % row["end_s"],
-                                 "compute_s": "%.6f" % row["compute_s"], "wait_s": "%.6f" % row["wait_s"],
+                writer.writerow({**ident, **row, "start_s": f'{row["start_s"]:.6f}', "end_s": f'{row["end_s"]:.6f}',
+                                 "compute_s": f'{row["compute_s"]:.6f}', "wait_s": f'{row["wait_s"]:.6f}',
                                  "bytes_sent": nbytes[(row["iteration"], "send")], "bytes_recv": received,
-                                 "delivered_fraction": "%.4f" % delivered,
+                                 "delivered_fraction": f"{delivered:.4f}",
                                  **{f"delivered_fraction_{phase}": _fraction(nbytes, row["iteration"], phase)
                                     for phase in PHASES},
-                                 "loss": "" if row["loss"] is None else "%.6f" % row["loss"],
-                                 "test_accuracy": "" if row["test_accuracy"] is None else "%.4f" % row["test_accuracy"]})
+                                 "loss": "" if row["loss"] is None else f'{row["loss"]:.6f}',
+                                 "test_accuracy": ("" if row["test_accuracy"] is None
+                                                   else f"{row['test_accuracy']:.4f}")})
         with atomic_open(os.path.join(out_dir, "tensors.csv"), newline="") as f:
             writer = csv.writer(f)
             writer.writerow(TENSOR_COLUMNS)
             for iteration, tensor, _, size, direction, peer, start, end, fraction in self.messages:
                 name, layer = tensor_names[tensor]
                 writer.writerow([self.job, self.role, self.rank, iteration, name, layer, size, direction, peer,
-                                 "%.6f" % start, "%.6f" % end, "%.4f" % fraction])
+                                 f"{start:.6f}", f"{end:.6f}", f"{fraction:.4f}"])
         with atomic_open(os.path.join(out_dir, "trace.json")) as f:
             json.dump(self.chrome_trace(tensor_names), f)
         # Serialized before the file is opened: a value json cannot take fails without leaving half a
@@ -126,11 +127,11 @@ class Recorder:
 
     def chrome_trace(self, tensor_names: dict[int, tuple[str, str]]) -> dict:
         """Chrome trace-event format (chrome://tracing, Perfetto): complete events in microseconds."""
-        pid = "%s%d" % (self.role, self.rank)
+        pid = f"{self.role}{self.rank}"
         events = [dict(name=name, cat=category, ph="X", ts=start * 1e6, dur=(end - start) * 1e6, pid=pid, tid=thread)
                   for name, category, start, end, thread in self.spans]
-        events += [dict(name="%s %s" % (tensor_names[tensor][0], direction), cat="comm", ph="X", ts=start * 1e6,
-                        dur=(end - start) * 1e6, pid=pid, tid="%s %s" % (direction, peer),
+        events += [dict(name=f"{tensor_names[tensor][0]} {direction}", cat="comm", ph="X", ts=start * 1e6,
+                        dur=(end - start) * 1e6, pid=pid, tid=f"{direction} {peer}",
                         args=dict(iteration=iteration, step=step, bytes=size, delivered_fraction=fraction))
                    for iteration, tensor, step, size, direction, peer, start, end, fraction in self.messages]
         return dict(traceEvents=events, displayTimeUnit="ms")

@@ -60,7 +60,8 @@ class SendQueue:
                 self._wait_for_units()
                 candidates = [unit for arrival, unit in self._ready if visible is None or arrival < visible]
                 choice = self._order.pick(candidates, time.monotonic()) if candidates else None
-                if choice is None or (batch and sum(u.nbytes for u in batch) + candidates[choice].nbytes > credit_bytes):
+                if choice is None or (batch and sum(u.nbytes for u in batch) + candidates[choice].nbytes
+                                      > credit_bytes):
                     if batch:
                         return batch
                     self._cond.wait(WAIT_POLL_S)

@@ -44,7 +44,7 @@ class ParameterShard:
         self.arrived = np.empty(largest, dtype=bool)  # which elements of the last push arrived
         oracle = time_oracle(model, cfg.link_mbps)
         # One queue per worker: when many tensors are updated at once, the send order orders each worker's returns.
-        self.senders = [SendLoop("send-%s" % (worker,), make_send_order(cfg.order, oracle), self._sender(worker),
+        self.senders = [SendLoop(f"send-{worker}", make_send_order(cfg.order, oracle), self._sender(worker),
                                  transport.abort) for worker in self.workers]
 
     def _sender(self, worker: Peer):
@@ -97,8 +97,8 @@ class ParameterShard:
         for worker, sender in zip(self.workers, self.senders):
             if not sender.queue.join(self.cfg.timeout):
                 self._check()
-                raise TransportError("could not return the parameters of iteration %d to %s within %.1f s"
-                                     % (iteration, worker, self.cfg.timeout))
+                raise TransportError(f"could not return the parameters of iteration {iteration} to {worker} "
+                                     f"within {self.cfg.timeout:.1f} s")
         self._check()
         return compute_s
 
@@ -118,7 +118,7 @@ def run_server(cfg: ProcessConfig) -> dict:
         shard = ParameterShard(cfg, transport, model, recorder)
         for it in range(cfg.iterations):
             start = time.time()
-            with recorder.span("iteration %d" % it, "server"):
+            with recorder.span(f"iteration {it}", "server"):
                 compute_s = shard.serve_iteration(it)
             end = time.time()
             recorder.add_iteration(it, start, end, end - start - compute_s, None, None)

@@ -27,7 +27,7 @@ class Peer(NamedTuple):
     rank: int
 
     def __str__(self) -> str:
-        return "%s%d" % (self.role, self.rank)
+        return f"{self.role}{self.rank}"
 
 
 class MessageKey(NamedTuple):
@@ -68,7 +68,8 @@ def free_loopback_addresses(n: int) -> list[Address]:
 
 
 def format_address(address: Address) -> str:
-    return "%s:%d" % address
+    host, port = address
+    return f"{host}:{port}"
 
 
 class Arrival(NamedTuple):
@@ -103,12 +104,11 @@ class Mailbox:
                 return item
         for peer, key in wanted:
             if peer in self._gone:
-                raise TransportError("%s %s before sending %s" % (
-                    self._names[peer], self._gone[peer], describe_key(key)))
+                raise TransportError(f"{self._names[peer]} {self._gone[peer]} before sending {describe_key(key)}")
         if time.monotonic() >= deadline:
             peer, key = next(iter(wanted))
-            raise TransportError("timed out after %.1f s waiting for %s from %s" % (
-                timeout, describe_key(key), self._names[peer]))
+            raise TransportError(f"timed out after {timeout:.1f} s waiting for {describe_key(key)} "
+                                 f"from {self._names[peer]}")
         return None
 
     def wait_any(self, wanted: Iterable[tuple[Peer, MessageKey]], timeout: float) -> tuple[Peer, MessageKey]:
@@ -126,7 +126,7 @@ class Mailbox:
 
 
 def describe_key(key: MessageKey) -> str:
-    return "tensor %d step %d of iteration %d" % (key.tensor, key.step, key.iteration)
+    return f"tensor {key.tensor} step {key.step} of iteration {key.iteration}"
 
 
 class Transport(ABC):
@@ -210,7 +210,7 @@ class TcpTransport(Transport):
     def connect(self, dial: dict[Peer, Address], accept: dict[Peer, Address]) -> None:
         """Dial the peers in `dial` and wait for those in `accept`, all within the timeout."""
         for peer, address in {**dial, **accept}.items():
-            self._names[peer] = "%s (%s)" % (peer, format_address(address))
+            self._names[peer] = f"{peer} ({format_address(address)})"
         deadline = time.monotonic() + self.timeout
         accepted: dict[Peer, socket.socket] = {}
         accept_error: list[str] = []
@@ -239,23 +239,22 @@ class TcpTransport(Transport):
             hello = codec.Frame(codec.KIND_HELLO, self.me.role, self.me.rank, 0, self.job, 0, 0, 0, 0, 0)
             sock.sendall(codec.encode_header(hello))
             return sock
-        raise TransportError("could not connect to %s within %.1f s: %s" % (
-            self._names[peer], self.timeout, last_error))
+        raise TransportError(f"could not connect to {self._names[peer]} within {self.timeout:.1f} s: {last_error}")
 
     def _accept(self, expected: set[Peer], accepted: dict[Peer, socket.socket],
                 error: list[str], deadline: float) -> None:
         while expected - set(accepted):
             if time.monotonic() >= deadline:
                 missing = sorted(expected - set(accepted))
-                error.append("%s never connected within %.1f s" % (
-                    ", ".join(self._names[p] for p in missing), self.timeout))
+                names = ", ".join(self._names[p] for p in missing)
+                error.append(f"{names} never connected within {self.timeout:.1f} s")
                 return
             try:
                 sock, source = self._listener.accept()
             except socket.timeout:
                 continue
             except OSError:  # the listener was closed by abort()
-                error.append("%s: stopped while waiting for peers" % self.me)
+                error.append(f"{self.me}: stopped while waiting for peers")
                 return
             sock.settimeout(max(0.1, deadline - time.monotonic()))
             header = bytearray(codec.HEADER.size)
@@ -264,11 +263,10 @@ class TcpTransport(Transport):
                 hello = codec.decode_header(header)
                 peer = Peer(hello.role, hello.rank)
                 if hello.kind != codec.KIND_HELLO or hello.job != self.job or peer not in expected:
-                    raise codec.FrameError("unexpected hello from %s for job %d" % (peer, hello.job))
+                    raise codec.FrameError(f"unexpected hello from {peer} for job {hello.job}")
             except (OSError, TransportError, codec.FrameError) as e:
                 # A stray or garbled connection is refused; the job waits for its real peers.
-                print("warning: %s: rejected connection from %s: %s" % (
-                    self.me, format_address(source), e), flush=True)
+                print(f"warning: {self.me}: rejected connection from {format_address(source)}: {e}", flush=True)
                 sock.close()
                 continue
             sock.settimeout(self.timeout)
@@ -279,7 +277,7 @@ class TcpTransport(Transport):
         self._socks[peer] = sock
         self._send_locks[peer] = threading.Lock()
         thread = threading.Thread(target=self._receive_loop, args=(peer, sock), daemon=True,
-                                  name="recv-%s" % (peer,))
+                                  name=f"recv-{peer}")
         self._receivers.append(thread)
         thread.start()
 
@@ -290,11 +288,11 @@ class TcpTransport(Transport):
             while _recv_exact(sock, header_view, True, self._closing):
                 frame = codec.decode_header(header)
                 if frame.kind != codec.KIND_DATA or (frame.role, frame.rank) != peer or frame.job != self.job:
-                    raise codec.FrameError("frame kind %d from %s%d job %d on the connection of %s" % (
-                        frame.kind, frame.role, frame.rank, frame.job, peer))
+                    raise codec.FrameError(f"frame kind {frame.kind} from {frame.role}{frame.rank} job {frame.job} "
+                                           f"on the connection of {peer}")
                 if frame.offset != 0 or frame.length != frame.total:
-                    raise codec.FrameError("TCP frames carry whole messages, got fragment %d+%d of %d" % (
-                        frame.offset, frame.length, frame.total))
+                    raise codec.FrameError(f"TCP frames carry whole messages, got fragment "
+                                           f"{frame.offset}+{frame.length} of {frame.total}")
                 start = time.time()
                 payload = np.empty(frame.total, dtype=np.uint8)
                 _recv_exact(sock, memoryview(payload), False, self._closing)
@@ -305,10 +303,10 @@ class TcpTransport(Transport):
                 self.mailbox.put(peer, key, Arrival(payload, 1.0))
             self.mailbox.peer_gone(peer, "closed the connection")
         except codec.FrameError as e:
-            self.mailbox.peer_gone(peer, "sent a malformed frame (%s)" % e)
+            self.mailbox.peer_gone(peer, f"sent a malformed frame ({e})")
             sock.close()
         except (OSError, TransportError) as e:
-            reason = "timed out mid-message" if isinstance(e, socket.timeout) else "failed (%s)" % e
+            reason = "timed out mid-message" if isinstance(e, socket.timeout) else f"failed ({e})"
             self.mailbox.peer_gone(peer, "closing" if self._closing.is_set() else reason)
 
     def send(self, peer: Peer, key: MessageKey, array: np.ndarray, tolerate_loss: bool = False) -> None:
@@ -321,16 +319,16 @@ class TcpTransport(Transport):
             with self._send_locks[peer]:
                 _send_parts(self._socks[peer], header, payload)
         except OSError as e:
-            raise TransportError("sending %s to %s failed: %s" % (
-                describe_key(key), self._names[peer], "timed out" if isinstance(e, socket.timeout) else e))
+            why = "timed out" if isinstance(e, socket.timeout) else e
+            raise TransportError(f"sending {describe_key(key)} to {self._names[peer]} failed: {why}")
         if self._log:
             self._log(key.iteration, key.tensor, key.step, len(payload), "send", peer, start, time.time(), 1.0)
 
     def recv(self, peer: Peer, key: MessageKey, out: np.ndarray, arrived: np.ndarray | None = None) -> float:
         arrival = self.mailbox.take(peer, key, self.timeout)
         if arrival.payload.size != out.nbytes:
-            raise TransportError("%s from %s has %d bytes, expected %d" % (
-                describe_key(key), self._names[peer], arrival.payload.size, out.nbytes))
+            raise TransportError(f"{describe_key(key)} from {self._names[peer]} has {arrival.payload.size} bytes, "
+                                 f"expected {out.nbytes}")
         np.copyto(out, arrival.payload.view(out.dtype).reshape(out.shape))
         if arrived is not None:
             arrived[...] = True

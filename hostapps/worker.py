@@ -142,7 +142,7 @@ class AllReduceSync(GradientSync):
             segments += [Segment(unit.tensor, k * ring_step_count(world), flat[lo:hi])
                          for k, (lo, hi) in enumerate(chunk_bounds(flat.size, parts))]
         names = self.tensor_names()
-        with self.recorder.span("allreduce %s" % " ".join(names[u.tensor][0] for u in units), "comm"):
+        with self.recorder.span(f"allreduce {' '.join(names[u.tensor][0] for u in units)}", "comm"):
             pipelined_ring_allreduce(self.transport, self.left, self.right, self.cfg.rank, world,
                                      units[0].iteration, segments, self.scratch)
         for unit in units:
@@ -160,14 +160,14 @@ class AllReduceSync(GradientSync):
         if self.updated[layer] >= iteration - 1:
             return
         start = time.time()
-        with self.recorder.span("wait %s" % self.model.layers[layer].name, "wait"), self.cond:
+        with self.recorder.span(f"wait {self.model.layers[layer].name}", "wait"), self.cond:
             while self.updated[layer] < iteration - 1:
                 self.check()
                 self.cond.wait(0.1)
         self.wait_s += time.time() - start
 
     def tensor_names(self) -> dict[int, tuple[str, str]]:
-        names = {p: (self.model.layers[piece.layers[0]].name if len(piece.layers) == 1 else "bucket%d" % p,
+        names = {p: (self.model.layers[piece.layers[0]].name if len(piece.layers) == 1 else f"bucket{p}",
                      "+".join(map(str, piece.layers))) for p, piece in enumerate(self.pieces)}
         return {**names, self.agreement_tensor: ("agreement", "")}
 
@@ -204,7 +204,7 @@ class PushPullSync(GradientSync):
             return
         self.check()
         start = time.time()
-        with self.recorder.span("wait %s" % self.model.layers[layer].name, "wait"):
+        with self.recorder.span(f"wait {self.model.layers[layer].name}", "wait"):
             for part, where in enumerate(self.slices[layer]):
                 self.transport.recv(self.server_of[layer], ps_key(iteration - 1, layer, part, PS_PULL),
                                     out=self.model.params[where])
@@ -276,10 +276,10 @@ def run_worker(cfg: ProcessConfig, on_iteration: Callable[[int], None] | None = 
         for it in range(cfg.iterations):
             start = time.time()
             sync.wait_s = 0.0
-            with recorder.span("forward %d" % it, "compute"):
+            with recorder.span(f"forward {it}", "compute"):
                 loss = model.forward(batches.batch(it) if batches else None,
                                      lambda layer: sync.wait_params(it, layer))
-            with recorder.span("backward %d" % it, "compute"):
+            with recorder.span(f"backward {it}", "compute"):
                 for layer in model.backward():
                     sync.gradient_ready(it, layer)
             last = it == cfg.iterations - 1

@@ -16,7 +16,7 @@ from ryu.ofproto import ofproto_v1_5, ofproto_v1_5_parser as parser
 from controller.app import FabricController
 from controller.openflow import ETH_ARP, ETH_IP
 from controller.routing import plan_fabric
-from controller.scheduling import Job, JobFlow, Layer
+from controller.scheduling import RegisteredJob, JobFlow, Layer
 from controller.topology import Host
 from helpers.fabric_views import LEAF, SPINE, ip, leaf_spine
 from helpers.fakeswitch import CONTROLLER, FakeFabric, fields_of
@@ -127,7 +127,7 @@ class Network:
 
 
 def mac(host: str) -> str:
-    return "02:00:00:00:00:%02x" % int(host.rsplit(".", 1)[1])
+    return f'02:00:00:00:00:{int(host.rsplit(".", 1)[1]):02x}'
 
 
 def arp_frame(opcode: int, src: str, dst: str) -> bytes:
@@ -210,7 +210,7 @@ def test_a_jobs_marks_reach_the_switches_and_follow_a_reconnect(app):
     for dpid in sorted(net.dps):
         net.connect(dpid)
     assert set(app.view.hosts) == {h1, h3}
-    job = Job("j1", "layer", (h1, h3), (Layer(0, "conv", 10), Layer(1, "fc", 20)),
+    job = RegisteredJob("j1", "layer", (h1, h3), (Layer(0, "conv", 10), Layer(1, "fc", 20)),
               (JobFlow((1,), h1, h3, "tcp", None, 5001, 5001),))
     app.register_job(job)
     net.run()

@@ -16,7 +16,7 @@ from controller.pipeline import (FLOOD_ECHO_S, PROBE_MAGIC, Arp, HeldPackets, Ma
                                  probe, probe_origin, route_changes)
 from controller.priority import FlowClass
 from controller.routing import LB_MODES, SwitchPlan, plan_fabric
-from controller.scheduling import Job, JobFlow, Layer
+from controller.scheduling import RegisteredJob, JobFlow, Layer
 from helpers.fabric_views import LEAF, SPINE, fat_tree, hop_counts, ip, leaf_spine
 from helpers.fakeswitch import CONTROLLER, FakeFabric, FakeSwitch, FakeSwitchError
 
@@ -206,12 +206,12 @@ def sync_marks(fabric, view, marking, have):
 
 
 def three_layer_job(a, b, c):
-    """Policy `layer` on three layers: layer 0 gets CS6 (48), 1 CS5 (40), 2 CS4 (32)."""
+    """ClassPolicy `layer` on three layers: layer 0 gets CS6 (48), 1 CS5 (40), 2 CS4 (32)."""
     layers = (Layer(0, "conv", 100), Layer(1, "fc1", 200), Layer(2, "fc2", 300))
     flows = (JobFlow((0,), a, b, "tcp", None, 5001, 5001),
              JobFlow((2,), b, a, "tcp", None, 6000, 6007),
              JobFlow((1,), c, a, "udp"))
-    return Job("j1", "layer", (a, b, c), layers, flows)
+    return RegisteredJob("j1", "layer", (a, b, c), layers, flows)
 
 
 def marked(fabric, src, pkt):

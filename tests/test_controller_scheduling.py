@@ -15,8 +15,8 @@ from hypothesis import given, strategies as st
 
 import controller.scheduling as scheduling
 from controller.priority import MAX_FLOWS, FlowClass, port_range_blocks
-from controller.scheduling import (DROPPABLE_DSCP, GRADIENT_DSCPS, MAX_LAYERS, POLICIES, Layer,
-                                   Policy, job_flow_classes, job_mark_count, layer_dscps,
+from controller.scheduling import (DROPPABLE_DSCP, GRADIENT_DSCPS, MAX_LAYERS, CLASS_POLICIES, Layer,
+                                   ClassPolicy, job_flow_classes, job_mark_count, layer_dscps,
                                    parse_job, rank_to_class, ranks_by, register)
 from helpers import REPO
 from helpers.loopback import free_port
@@ -70,17 +70,17 @@ def test_tictac_without_forward_times_is_the_forward_order(fwd_ms):
 
 
 def test_registry_and_adding_a_policy(monkeypatch):
-    assert sorted(POLICIES) == ["fifo", "layer", "size", "tictac"]
-    monkeypatch.setattr(scheduling, "POLICIES", dict(POLICIES))
+    assert sorted(CLASS_POLICIES) == ["fifo", "layer", "size", "tictac"]
+    monkeypatch.setattr(scheduling, "CLASS_POLICIES", dict(CLASS_POLICIES))
 
     @register
-    class BackFirst(Policy):
+    class BackFirst(ClassPolicy):
         name = "back"
 
         def ranks(self, layers):
             return ranks_by(layers, lambda layer: -layer.index)
 
-    assert scheduling.POLICIES["back"] is BackFirst
+    assert scheduling.CLASS_POLICIES["back"] is BackFirst
     dscps = layer_dscps("back", LAYERS[:3])
     assert [dscps[i] for i in range(3)] == [CS4, CS5, CS6]
     assert parse_job(job_doc(policy="back")).policy == "back"

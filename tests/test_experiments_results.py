@@ -161,7 +161,8 @@ def test_runs_csv_has_exactly_the_contract_columns(runs):
 
 def test_runs_csv_metrics_of_one_run(runs):
     run = runs.loc["scheme=baseline,mode=allreduce,rep=1"]
-    assert (run["scheme"], run["mode"], run["lb"], run["workers"], run["rep"]) == ("baseline", "allreduce", "ecmp", 4, 1)
+    assert (run["scheme"], run["mode"], run["lb"], run["workers"], run["rep"]) == \
+        ("baseline", "allreduce", "ecmp", 4, 1)
     assert run["iter_time_mean_s"] == pytest.approx(0.5, rel=1e-5)
     assert run["iter_time_p99_s"] == pytest.approx(0.5, rel=1e-5)
     assert run["samples_per_s"] == pytest.approx(12 / 0.5, rel=1e-5)  # the global batch
@@ -344,7 +345,8 @@ def test_summary_has_a_table_per_mode_and_notes(out):
     spray, spray_ps = _summary_rows(lines, "scheme=spray")
     assert spray_ps["fidelity"] == "ok" and spray_ps["uplink imbalance"] == "1"
     assert f"- {FAILED_RUN}: failed: worker h2 exited with 1" in lines
-    assert f"- {SATURATED_RUN}: failed the fidelity guard (machine CPU 0.95 > 0.9): its times measure the machine rather than the network" in lines
+    assert (f"- {SATURATED_RUN}: failed the fidelity guard (machine CPU 0.95 > 0.9): its times measure the machine "
+            "rather than the network") in lines
 
 
 def test_summary_says_why_overlap_is_undefined_where_compute_is_negligible(tmp_path):

@@ -191,7 +191,8 @@ RUN_TIME_FAILURES = [
     ("job: {iterations: 100000}", "job.iterations: 100000 is not allowed (an integer 1..10000)"),
     ("job: {batch: 8192}", "job.batch: 8192 is not allowed (an integer 1..4096 (global batch, split evenly over "
                            "the workers))"),
-    ("job: {model: {width: 4096}}", "job.model.width: 4096 is not allowed (an integer 1..1024 (mlp only: hidden units per layer))"),
+    ("job: {model: {width: 4096}}",
+     "job.model.width: 4096 is not allowed (an integer 1..1024 (mlp only: hidden units per layer))"),
     ("job: {model: {depth: 100}}", "job.model.depth: 100 is not allowed (an integer 1..8 (mlp only: hidden layers))"),
     ("job: {lr: .inf}", "job.lr: .inf is not allowed (a finite learning rate > 0)"),
     ("job: {seed: 4294967296}", "job.seed: 4294967296 is not allowed (an integer 0..4294967295)"),

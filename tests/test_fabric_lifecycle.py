@@ -39,7 +39,7 @@ def controller(tmp_path_factory):
     yield log
     proc.terminate()
     assert proc.wait(10) == 0, "controller did not stop cleanly on SIGTERM"
-    problems = [l for l in log.read_text().splitlines() if "Traceback" in l or "OpenFlow error" in l]
+    problems = [line for line in log.read_text().splitlines() if "Traceback" in line or "OpenFlow error" in line]
     assert problems == []
 
 

@@ -330,7 +330,8 @@ def test_an_aborting_peer_fails_the_other_fast_and_a_dead_one_within_the_timeout
     sender, receiver = transport_pair(loopback_addresses, timeout=1.0)
     receiver._shutdown()  # dies silently: no ABORT frame
     sender.send(RECEIVER, KEY, np.ones(1000, np.float32))
-    with pytest.raises(TransportError, match="worker1 .* did not acknowledge tensor 1 step 0 of iteration 3 within 1.0 s"):
+    with pytest.raises(TransportError,
+                       match="worker1 .* did not acknowledge tensor 1 step 0 of iteration 3 within 1.0 s"):
         sender.close()
     assert sender.stats.probes >= 3  # it kept asking before it gave up
     assert time.monotonic() - started < 3
@@ -368,7 +369,8 @@ def test_training_over_mlt_matches_tcp(loopback_addresses):
     (dict(fusion="ddp"), 4 * (4160 + 4160 + 650)),             # one bucket of every layer
     (dict(send_order="bytescheduler", partition_bytes=4096), 3328),  # fc1 in 5 partitions of at most 4096 bytes
     (dict(mode="ps", servers=[("127.0.0.1", 3)]), 16640),      # a layer; its slices are smaller
-    (dict(model=Model("resnet50", scale=1e-9), send_order="bytescheduler", partition_bytes=1024), 8),  # 1-float layers: the agreement's int64
+    # 1-float layers: the agreement's int64
+    (dict(model=Model("resnet50", scale=1e-9), send_order="bytescheduler", partition_bytes=1024), 8),
 ])
 def test_the_largest_message_of_a_job_comes_from_its_model(changes, largest):
     cfg = ProcessConfig(**{**dict(role="worker", rank=0, workers=[("127.0.0.1", 1), ("127.0.0.1", 2)],

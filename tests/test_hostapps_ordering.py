@@ -230,7 +230,8 @@ OPTIONS = dict(iterations=12, batch=32, eval_every=0, model=Model(width=64, dept
 def test_allreduce_policies_keep_the_single_worker_parameters(loopback_addresses, policy):
     single = run_job(loopback_addresses, 1, **OPTIONS)[0]["model"].params
     # Small partitions so that every layer is cut and batches mix layers.
-    for result in run_job(loopback_addresses, 4, send_order=policy, partition_bytes=4096, credit_bytes=12288, **OPTIONS):
+    for result in run_job(loopback_addresses, 4, send_order=policy, partition_bytes=4096, credit_bytes=12288,
+                          **OPTIONS):
         assert np.abs(result["model"].params - single).max() < 1e-4
 
 
@@ -258,13 +259,15 @@ def test_ps_policies_with_slices_keep_the_whole_layer_parameters(loopback_addres
 def test_profile_job_with_tac_and_bytescheduler_runs(loopback_addresses):
     profile = dict(model=Model("resnet50", scale=0.001), iterations=3, eval_every=0)
     assert run_job(loopback_addresses, 2, "ps", 1, send_order="tac", **profile)[0]["iterations"] == 3
-    assert run_job(loopback_addresses, 2, "ps", 1, send_order="tac", ps_slice_bytes=1024, **profile)[0]["iterations"] == 3
-    assert run_job(loopback_addresses, 2, send_order="bytescheduler", partition_bytes=1024, **profile)[0]["iterations"] == 3
+    sliced = run_job(loopback_addresses, 2, "ps", 1, send_order="tac", ps_slice_bytes=1024, **profile)
+    assert sliced[0]["iterations"] == 3
+    partitioned = run_job(loopback_addresses, 2, send_order="bytescheduler", partition_bytes=1024, **profile)
+    assert partitioned[0]["iterations"] == 3
 
 
 @pytest.mark.parametrize("mode, policy", [("allreduce", "tac"), ("ps", "caramel"), ("ps", "bytescheduler")])
 def test_a_send_order_of_the_other_mode_is_refused(mode, policy):
-    cfg = ProcessConfig(role="worker", rank=0, workers=[("127.0.0.1", 1)], servers=[("127.0.0.1", 2)] if mode == "ps" else [],
-                    mode=mode, send_order=policy)
+    cfg = ProcessConfig(role="worker", rank=0, workers=[("127.0.0.1", 1)],
+                        servers=[("127.0.0.1", 2)] if mode == "ps" else [], mode=mode, send_order=policy)
     with pytest.raises(ConfigError, match=f"--send-order: '{policy}' is not allowed \\(ready, best or "):
         cfg.validate()

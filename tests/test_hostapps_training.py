@@ -81,7 +81,7 @@ def start(*args):
 
 
 def peer_list(addresses):
-    return ",".join("%s:%d" % a for a in addresses)
+    return ",".join(f"{host}:{port}" for host, port in addresses)
 
 
 def test_an_iterations_delivered_fraction_weighs_its_received_messages_by_bytes_in_all_and_per_phase(tmp_path):
@@ -122,7 +122,8 @@ def test_cli_ps_job_writes_the_output_contract(loopback_addresses, tmp_path):
     with open(tmp_path / "w0" / "tensors.csv") as f:
         tensors = list(csv.DictReader(f))
     assert tuple(tensors[0]) == TENSOR_COLUMNS
-    assert {t["direction"] for t in tensors} == {"send", "recv"} and {t["peer"] for t in tensors} == {"server0", "server1"}
+    assert {t["direction"] for t in tensors} == {"send", "recv"}
+    assert {t["peer"] for t in tensors} == {"server0", "server1"}
     summary = json.loads((tmp_path / "w0" / "summary.json").read_text())
     assert summary["iterations"] == 12 and summary["bytes_per_iteration"] == 4 * summary["param_count"]
     assert summary["final_accuracy"] == float(rows[-1]["test_accuracy"]) or abs(
@@ -180,9 +181,9 @@ def test_peer_dying_mid_run_fails_the_others(loopback_addresses):
                                                  "a peer silent this long is an error)"),
     (["--workers", "nohost"], "error: --workers: bad address 'nohost' (expected host:port, port 1..65535)"),
     (["--mode", "ps", "--servers", "127.0.0.1:7001", "--ps-slice-bytes", "4098"],
-     "error: --ps-slice-bytes: 4098 is not allowed (0 or a multiple of 4 in 1024..1073741824, smaller pieces cost a "
-     "message per 256 floats or fewer (ps: each layer pushed and pulled in slices of at most this size, as P3; 0: whole "
-     "layers; allreduce ignores it))"),
+     "error: --ps-slice-bytes: 4098 is not allowed (0 or a multiple of 4 in 1024..1073741824, smaller pieces cost "
+     "a message per 256 floats or fewer (ps: each layer pushed and pulled in slices of at most this size, as P3; "
+     "0: whole layers; allreduce ignores it))"),
     (["--mode", "ps", "--servers", "127.0.0.1:7001", "--model", "vgg16", "--scale", "0.1", "--ps-slice-bytes",
       "1024"], "error: --ps-slice-bytes: 1024 bytes cut layer fc6 (41105816 bytes) into 40143 slices, more than "
                "the 32768 the message step field can number"),

@@ -48,13 +48,13 @@ def test_leaf_spine_shape(spines, leaves, hosts):
     topo = LeafSpineTopo(spines=spines, leaves=leaves, hosts=hosts, host_bw=50, fabric_bw=200)
     check_common(topo, leaves * hosts)
     assert sorted(topo.switches()) == sorted(
-        [f"spine{s}" for s in range(1, spines + 1)] + [f"leaf{l}" for l in range(1, leaves + 1)])
+        [f"spine{s}" for s in range(1, spines + 1)] + [f"leaf{n}" for n in range(1, leaves + 1)])
     assert len(topo.links()) == leaves * hosts + leaves * spines
     ids = dpids(topo)
     ports = ports_of(topo)
     for s in range(1, spines + 1):
         assert ids[f"spine{s}"] == 0x2000 + s
-        assert ports[f"spine{s}"] == {l: f"leaf{l}" for l in range(1, leaves + 1)}
+        assert ports[f"spine{s}"] == {n: f"leaf{n}" for n in range(1, leaves + 1)}
     for leaf in range(1, leaves + 1):
         assert ids[f"leaf{leaf}"] == 0x1000 + leaf
         expected = {p: f"h{(leaf - 1) * hosts + p}" for p in range(1, hosts + 1)}
@@ -185,26 +185,26 @@ def test_htb_priority_tree():
         assert " dev leaf1-eth3 " in line
         if " htb " in line and line.startswith("class"):
             assert "burst 64k cburst 64k" in line and "quantum 9014" in line, "a quantum of one full frame"
-    classes = [l for l in lines if l.startswith("class ") and "parent 1:1 " in l]
-    queues = [l for l in lines if l.startswith("qdisc ") and "pfifo_head_drop" in l]
-    filters = [l for l in lines if l.startswith("filter ")]
+    classes = [line for line in lines if line.startswith("class ") and "parent 1:1 " in line]
+    queues = [line for line in lines if line.startswith("qdisc ") and "pfifo_head_drop" in line]
+    filters = [line for line in lines if line.startswith("filter ")]
     assert len(classes) == len(queues) == len(filters) == 8
     for cs in range(8):
         cid = class_id(cs)
         assert cid == f"1:{0x10 + cs:x}"
-        (cls,) = [l for l in classes if f"classid {cid} " in l]
+        (cls,) = [line for line in classes if f"classid {cid} " in line]
         prio = {7: 0, 6: 1, 5: 2, 4: 3, 3: 4, 2: 5, 0: 6, 1: 7}[cs]
         assert f"prio {prio} " in cls, "CS7 first (prio 0), CS2, CS0, the droppable CS1 last"
         assert "rate 1000kbit ceil 100mbit" in cls, "a 1% floor, the link as ceiling"
-        (queue,) = [l for l in queues if f"parent {cid} " in l]
+        (queue,) = [line for line in queues if f"parent {cid} " in line]
         # 262144 bytes are 29 frames of 9014 bytes; CS1's queue is short
         assert queue.endswith(f"pfifo_head_drop limit {10 if cs == 1 else 29}"), queue
-        (flt,) = [l for l in filters if l.endswith(f"flowid {cid}")]
+        (flt,) = [line for line in filters if line.endswith(f"flowid {cid}")]
         assert f"u32 match ip tos 0x{cs << 5:02x} 0xe0 " in flt
         assert "protocol ip" in flt
     tos = sorted(re.search(r"tos (0x[0-9a-f]{2}) 0xe0", f).group(1) for f in filters)
     assert tos == ["0x00", "0x20", "0x40", "0x60", "0x80", "0xa0", "0xc0", "0xe0"]
-    assert len({l.split(" handle ")[1].split()[0] for l in filters}) == 8, "distinct filter handles"
+    assert len({line.split(" handle ")[1].split()[0] for line in filters}) == 8, "distinct filter handles"
 
 
 def test_rate_cut_lines_are_the_trees_classes():
@@ -219,7 +219,7 @@ def test_rate_cut_lines_are_the_trees_classes():
 def test_htb_rates(rate, ceil, floor):
     lines = htb_priority_tree("h1-eth0", rate, 1514, 1500)
     assert f"rate {ceil} ceil {ceil}" in lines[1]
-    assert all(f"rate {floor} ceil {ceil}" in l for l in lines if "parent 1:1 " in l)
+    assert all(f"rate {floor} ceil {ceil}" in line for line in lines if "parent 1:1 " in line)
 
 
 @pytest.mark.parametrize("rate, queue, mtu, name", [

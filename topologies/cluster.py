@@ -73,7 +73,8 @@ def check_servers(servers: list[str], run: Callable = subprocess.run) -> None:
             result = run(["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", f"root@{server}", "true"],
                          capture_output=True, text=True)
         except FileNotFoundError:
-            raise ClusterError("cluster.servers: ssh is not installed here (make setup installs openssh-client)") from None
+            raise ClusterError("cluster.servers: ssh is not installed here "
+                               "(make setup installs openssh-client)") from None
         if result.returncode != 0:
             said = (result.stderr or "").strip().splitlines()
             raise ClusterError(f"cluster.servers: {server} cannot be reached as root over SSH without a password "
