@@ -23,7 +23,8 @@ from hostapps.model import FlatModel
 from hostapps.records import Recorder, comm_busy_s
 from hostapps.server import ParameterShard, run_server
 from hostapps.transport import MessageKey, Peer, free_loopback_addresses
-from hostapps.worker import connect_transport, run_worker
+from hostapps.assembly import connect_transport
+from hostapps.worker import run_worker
 
 PROCESSES = 4
 PS_TENSORS = 4  # a PS message is split into this many tensors, as layers would be

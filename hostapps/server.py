@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from hostapps import timing
+from hostapps.assembly import connect_transport, largest_message_bytes
 from hostapps.collectives import PS_PULL, PS_PUSH, assign_shards, float_parts, ps_key, ps_phase
 from hostapps.config import ProcessConfig, build_model
 from hostapps.model import FlatModel, Sgd
@@ -25,7 +26,6 @@ from hostapps.send_orders import Unit, make_send_order, time_oracle
 from hostapps.sendloop import SendLoop
 from hostapps.records import Recorder
 from hostapps.transport import MessageKey, Peer, Transport, TransportError
-from hostapps.worker import connect_transport, largest_message_bytes
 
 
 class ParameterShard:

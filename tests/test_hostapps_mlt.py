@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hostapps import codec, worker
+from hostapps import assembly, codec
 from hostapps.collectives import ring_phase
 from hostapps.config import Model, ProcessConfig, build_model
 from hostapps.mlt import (MltOptions, MltTransport, RateControl, Reassembly, fragments_to_resend,
@@ -375,7 +375,7 @@ def test_training_over_mlt_matches_tcp(loopback_addresses):
 def test_the_largest_message_of_a_job_comes_from_its_model(changes, largest):
     cfg = ProcessConfig(**{**dict(role="worker", rank=0, workers=[("127.0.0.1", 1), ("127.0.0.1", 2)],
                                   model=Model(width=64, depth=2)), **changes})
-    assert worker.largest_message_bytes(cfg, build_model(cfg)) == largest
+    assert assembly.largest_message_bytes(cfg, build_model(cfg)) == largest
 
 
 # 33024: the 66048-byte fc2 goes as two slices of 24 datagrams, the only messages where one lost datagram stays
@@ -394,7 +394,7 @@ def test_training_converges_with_random_loss_within_the_bound(loopback_addresses
         transports.append(MltTransport(me, listen, job, timeout, logged, options,
                                        drop=lambda frame: rng.random() < 0.01))
         return transports[-1]
-    monkeypatch.setattr(worker, "MltTransport", lossy_transport)
+    monkeypatch.setattr(assembly, "MltTransport", lossy_transport)
     summaries = run_job(loopback_addresses, 2, "ps", 1, model=Model(width=128), loss_bound=0.05, eval_every=0,
                         ps_slice_bytes=ps_slice_bytes, **LOOPBACK)
     assert summaries[0]["final_accuracy"] >= 0.9
@@ -412,7 +412,7 @@ def test_allreduce_replicas_stay_bit_identical_with_loss_on_one_workers_link(loo
     def lossy_transport(me, listen, job, timeout, log, options):  # 1% of worker 0's datagrams lost
         return MltTransport(me, listen, job, timeout, log, options,
                             drop=lambda frame: me.rank == 0 and rng.random() < 0.01)
-    monkeypatch.setattr(worker, "MltTransport", lossy_transport)
+    monkeypatch.setattr(assembly, "MltTransport", lossy_transport)
     # fc1's chunks: 44 kB in 32 datagrams, one of which may stay missing under the bound.
     summaries = run_job(loopback_addresses, 3, model=Model(width=512), loss_bound=0.05, iterations=12,
                         eval_every=0, **LOOPBACK)

@@ -1,0 +1,68 @@
+"""What every process of a job is built from, worker and server alike: the all-reduce pieces the
+model is cut into, the largest message of the job, and the transport with this process's
+connections (ring neighbours in allreduce; every worker-server pair in ps)."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from hostapps.collectives import float_parts, make_buckets, ring_neighbours
+from hostapps.config import ProcessConfig
+from hostapps.mlt import DEFAULT_MAX_MESSAGE_BYTES, MltOptions, MltTransport
+from hostapps.model import FlatModel
+from hostapps.records import Recorder
+from hostapps.transport import Peer, TcpTransport
+
+
+class Piece(NamedTuple):
+    """What one all-reduce unit covers: its layers and its slice of the flat buffers."""
+    layers: tuple[int, ...]
+    where: slice
+
+
+def plan_pieces(model: FlatModel, cfg: ProcessConfig) -> list[Piece]:
+    """The all-reduce units, in backward order: partitions of each layer (bytescheduler), buckets
+    doubling from --partition-bytes (caramel), or --fusion buckets."""
+    if cfg.order == "bytescheduler":
+        return [Piece((layer,), part) for layer in reversed(range(len(model.layers)))
+                for part in float_parts(model.layer_slice((layer,)), cfg.partition_bytes)]
+    sizes = [int(model.layer_grads(i).nbytes) for i in range(len(model.layers))]
+    buckets = (make_buckets(sizes, cfg.partition_bytes, growth=2) if cfg.order == "caramel"
+               else make_buckets(sizes, cfg.fusion_bytes))
+    return [Piece(layers, model.layer_slice(layers)) for layers in buckets]
+
+
+def largest_message_bytes(cfg: ProcessConfig, model: FlatModel) -> int:
+    """The largest message any process of the job sends: a piece in allreduce (its ring chunks and segments
+    are smaller; bytescheduler's agreement is one int64), a layer in ps (its slices are no larger)."""
+    if cfg.mode == "allreduce":
+        return max(8, *(4 * (piece.where.stop - piece.where.start) for piece in plan_pieces(model, cfg)))
+    return 4 * max(layer.size for layer in model.layers)
+
+
+def connect_transport(cfg: ProcessConfig, recorder: Recorder,
+                      max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> TcpTransport | MltTransport:
+    """Open this process's connections: ring neighbours in allreduce; every worker-server pair in ps.
+    max_message_bytes: the largest message of the job (mlt drops datagrams declaring more)."""
+    me = Peer(cfg.role, cfg.rank)
+    listen = (cfg.workers if cfg.role == "worker" else cfg.servers)[cfg.rank]
+    if cfg.transport == "mlt":
+        options = MltOptions(cfg.loss_bound, cfg.sport_range, cfg.mtu_payload, cfg.quiet_ms / 1000, cfg.link_mbps,
+                             cfg.drop_marking, cfg.layer_dscp, max_message_bytes)
+        transport: TcpTransport | MltTransport = MltTransport(me, listen, cfg.job, cfg.timeout,
+                                                              recorder.log_message, options)
+    else:
+        transport = TcpTransport(me, listen, cfg.job, cfg.timeout, recorder.log_message)
+    dial, accept = {}, {}
+    if cfg.role == "server":
+        accept = {Peer("worker", r): address for r, address in enumerate(cfg.workers)}
+    elif cfg.mode == "ps":
+        dial = {Peer("server", s): address for s, address in enumerate(cfg.servers)}
+    else:
+        for peer in set(ring_neighbours(cfg.rank, cfg.world)) - {me}:
+            (dial if peer.rank > cfg.rank else accept)[peer] = cfg.workers[peer.rank]
+    try:
+        transport.connect(dial, accept)
+    except BaseException:
+        transport.abort()
+        raise
+    return transport
