@@ -7,7 +7,7 @@ GET  /fabric/classes      the per-flow DSCP marks and the switch each is install
 POST /fabric/classes      {"flows": [{src, dst, dscp, proto?, sport?, dport?}], "replace": false}
 DELETE /fabric/classes    {"flows": [...]} unmarks those; no body (or {}) unmarks all
 GET  /jobs                the registered training jobs: policy, DSCP per layer, the rewrites
-POST /jobs                {"job", "policy", "hosts", "layers", "flows"} (controller/scheduling.py)
+POST /jobs                {"job", "policy", "hosts", "layers", "flows"} (JobDocument, controller/scheduling.py)
                           registers or replaces a job; answers with the job as GET shows it
 DELETE /jobs/<id>         unregisters a job and unmarks its flows (404 when unknown)
 
@@ -252,7 +252,7 @@ class FabricRestController(ControllerBase):
 
     @route("jobs", "/jobs", methods=["POST"])
     def post_job(self, req, **_):
-        job = parsed(parse_job, json_document(req, read_body(req)))
+        job = parsed(parse_job, json_document(req, read_body(req)), cooperatively)
         hub.sleep(0)
         self.fabric.register_job(job)
         hub.sleep(0)

@@ -5,6 +5,7 @@ requests to every endpoint, how long a request may hold the OpenFlow side, and i
 connections to the server."""
 import controller.manager  # noqa: F401  (the eventlet shim, before ryu.app.wsgi)
 
+import dataclasses
 import gc
 import json
 import logging
@@ -23,8 +24,7 @@ from controller.pipeline import MAX_JOBS
 from controller.priority import MAX_FLOWS, MAX_MARKS, FlowClass, parse_bool
 from controller.rest import (MAX_BODY_BYTES, MAX_CONNECTIONS, MAX_JSON_DEPTH, nesting_exceeds,
                              parse_marking, parse_unmarking, serve)
-from controller.scheduling import (FLOW_FIELDS, JOB_FIELDS, LAYER_FIELDS, MAX_HOSTS, MAX_LAYERS,
-                                   parse_job)
+from controller.scheduling import MAX_HOSTS, MAX_LAYERS, FlowEntry, JobDocument, Layer, parse_job
 from helpers.loopback import free_port
 
 BASE_URL = "http://127.0.0.1:8080"
@@ -204,21 +204,22 @@ DEEP = b"[" * 100_000 + b"]" * 100_000
     ("/jobs", job_doc(policy=["x"]), "policy: "),
     ("/jobs", job_doc(policy={"x": 1}), "policy: "),
     ("/jobs", job_doc(job=None), "job: "),
-    ("/jobs", job_doc(hosts=[[A]]), "hosts[0]: "),
+    ("/jobs", job_doc(hosts=[[A]]), "hosts.0: "),
     ("/jobs", job_doc(hosts=[A] * (MAX_HOSTS + 1)), "hosts: "),
     ("/jobs", job_doc(layers=[{"index": i, "name": "l", "bytes": 1}
                               for i in range(MAX_LAYERS + 1)]), "layers: "),
     ("/jobs", job_doc(layers=[{"index": 0, "name": "l", "bytes": 1, "size": 3}]),
-     "layers[0].size: unknown field"),
+     "layers.0.size: unknown field"),
     ("/jobs", job_doc(flows=[{"layer": 0, "src": A, "dst": B, "proto": "tcp", "qos": 1}]),
-     "flows[0].qos: unknown field"),
+     "flows.0.qos: unknown field"),
     ("/jobs", job_doc(flows=[{"layer": 0, "src": [A], "dst": B, "proto": "tcp"}]),
-     "flows[0].src: "),
+     "flows.0.src: "),
     ("/jobs", job_doc(flows=[{"layers": "0", "src": A, "dst": B, "proto": "tcp"}]),
-     "flows[0].layers: "),
+     "flows.0.layers: "),
     ("/jobs", job_doc(flows=[{"src": A, "dst": B, "proto": "udp", "dport_range": [1, 65535]}]
                       * (MAX_MARKS // 16)), "flows: the job needs "),
     ("/jobs", job_doc(jobs="x"), "jobs: unknown field"),
+    ("/jobs", job_doc(polcy="x"), "polcy: unknown field (did you mean policy?)"),
     # bodies that are not one JSON document
     ("/jobs", b"{not json", "body: not JSON"),
     ("/jobs", b"", "body: not JSON"),
@@ -382,14 +383,19 @@ VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4)
                       | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=8)
 
 
+def fields(cls: type) -> tuple[str, ...]:
+    """The keys of a schema section."""
+    return tuple(declared.name for declared in dataclasses.fields(cls))
+
+
 def objects(fields: tuple[str, ...], values=VALUES):
     """Objects with mostly the schema's keys (a stray one now and then), any values."""
     return st.dictionaries(st.sampled_from(fields + ("bogus",)), values, max_size=len(fields))
 
 
 FLOW_CLASSES = objects(("src", "dst", "dscp", "proto", "sport", "dport"))
-JOBS = objects(JOB_FIELDS, VALUES | st.lists(objects(LAYER_FIELDS), max_size=3)
-               | st.lists(objects(FLOW_FIELDS), max_size=3)
+JOBS = objects(fields(JobDocument), VALUES | st.lists(objects(fields(Layer)), max_size=3)
+               | st.lists(objects(fields(FlowEntry)), max_size=3)
                | st.lists(st.sampled_from([A, B]), max_size=2)) | VALUES
 MARKINGS = objects(("flows", "replace"), VALUES | st.lists(FLOW_CLASSES, max_size=3)) | VALUES
 
@@ -430,6 +436,9 @@ def test_errors_quote_input_short():
     with pytest.raises(ValueError) as err:
         parse_job(job_doc(policy="x" * 100_000))
     assert len(str(err.value)) < 200 and str(err.value).startswith("policy: 'xxx")
+    with pytest.raises(ValueError) as err:  # cut before it is formatted: a megabyte took seconds
+        parse_job(job_doc(job=[["x" * 1000] * 1000] * 100))
+    assert len(str(err.value)) < 200 and str(err.value).startswith("job: [[xxx")
 
 
 def depth(document) -> int:
