@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable, ClassVar, Iterable, Sequence
 
 from controller.priority import (IPV4, MAX_FLOWS, MAX_MARKS, MAX_PORT, PORT, PROTOCOLS, FlowClass, is_ipv4,
-                                 is_port, port_range_blocks)
+                                 is_port, port_range_blocks, too_many)
 from hostapps import schema
 from hostapps.schema import SchemaError, knob
 
@@ -72,8 +72,8 @@ class FlowEntry:
     src: str = knob(allowed=IPV4, check=is_ipv4)
     dst: str = knob(allowed=IPV4, check=is_ipv4)
     proto: str = knob(choices=lambda: list(PROTOCOLS))
-    sport: int | None = knob(None, PORT, lambda port: port is None or is_port(port))
-    dport: int | None = knob(None, PORT, lambda port: port is None or is_port(port))
+    sport: int | None = knob(None, PORT, is_port)
+    dport: int | None = knob(None, PORT, is_port)
     dport_range: list[int] | None = knob(None, f"[lo, hi]: ports 1..{MAX_PORT}, lo <= hi",
                                          lambda ports: ports is None or (len(ports) == 2 and ports[0] <= ports[1]),
                                          each=is_port)
@@ -235,11 +235,6 @@ def job_mark_count(job: RegisteredJob) -> int:
     return len(job.hosts) + sum(1 if flow.dport_lo is None else
                                 len(port_range_blocks(flow.dport_lo, flow.dport_hi))
                                 for flow in job.flows)
-
-
-def too_many(path: str, items: list, most: int) -> None:
-    if len(items) > most:
-        raise SchemaError(path, f"{len(items)} items is more than the {most} allowed")
 
 
 def job_flow(flow: FlowEntry, at: str, hosts: frozenset[str], indices: frozenset[int]) -> JobFlow:

@@ -21,7 +21,7 @@ from ryu.ofproto import ofproto_v1_5, ofproto_v1_5_parser
 
 from controller.app import FabricController
 from controller.pipeline import MAX_JOBS
-from controller.priority import MAX_FLOWS, MAX_MARKS, FlowClass, parse_bool
+from controller.priority import MAX_FLOWS, MAX_MARKS, FlowClass
 from controller.rest import (MAX_BODY_BYTES, MAX_CONNECTIONS, MAX_JSON_DEPTH, nesting_exceeds,
                              parse_marking, parse_unmarking, serve)
 from controller.scheduling import MAX_HOSTS, MAX_LAYERS, FlowEntry, JobDocument, Layer, parse_job
@@ -188,17 +188,17 @@ DEEP = b"[" * 100_000 + b"]" * 100_000
     ("/fabric/classes", {"flows": None}, "flows: "),
     ("/fabric/classes", {"flows": "x"}, "flows: "),
     ("/fabric/classes", {"flows": {"src": A}}, "flows: "),
-    ("/fabric/classes", {"flows": [5]}, "flows[0]: "),
-    ("/fabric/classes", {"flows": [FLOW, {**FLOW, "dscp": 64}]}, "flows[1].dscp: "),
-    ("/fabric/classes", {"flows": [{**FLOW, "dscp": [[[[[1]]]]]}]}, "flows[0].dscp: "),
-    ("/fabric/classes", {"flows": [{**FLOW, "src": {"a": 1}}]}, "flows[0].src: "),
-    ("/fabric/classes", {"flows": [{**FLOW, "prio": 1}]}, "flows[0].prio: unknown field"),
+    ("/fabric/classes", {"flows": [5]}, "flows.0: "),
+    ("/fabric/classes", {"flows": [FLOW, {**FLOW, "dscp": 64}]}, "flows.1.dscp: "),
+    ("/fabric/classes", {"flows": [{**FLOW, "dscp": [[[[[1]]]]]}]}, "flows.0.dscp: "),
+    ("/fabric/classes", {"flows": [{**FLOW, "src": {"a": 1}}]}, "flows.0.src: "),
+    ("/fabric/classes", {"flows": [{**FLOW, "prio": 1}]}, "flows.0.prio: unknown field"),
     ("/fabric/classes", {"flows": [FLOW], "replace": "false"}, "replace: "),
     ("/fabric/classes", {"flows": [FLOW], "replace": 0}, "replace: "),
     ("/fabric/classes", {"flows": [FLOW], "replace": None}, "replace: "),
     ("/fabric/classes", {"flow": [FLOW]}, "flow: unknown field"),
-    ("/fabric/classes", [FLOW], "body: expected an object"),
-    ("/fabric/classes", b'"flows"', "body: expected an object"),
+    ("/fabric/classes", [FLOW], "document: "),
+    ("/fabric/classes", b'"flows"', "document: "),
     ("/fabric/classes", {"flows": [FLOW] * (MAX_FLOWS + 1)}, "flows: "),
     # POST /jobs
     ("/jobs", job_doc(policy=["x"]), "policy: "),
@@ -233,7 +233,7 @@ DEEP = b"[" * 100_000 + b"]" * 100_000
     ("/fabric/classes", b'{"flows": ' + b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH + b"}",
      "body: nested deeper than"),
     ("/fabric/classes", b'{"flows": ' + b"[" * (MAX_JSON_DEPTH - 1) + b"]" * (MAX_JSON_DEPTH - 1)
-     + b"}", "flows[0]: expected an object"),
+     + b"}", "flows.0: [["),
     ("/jobs", b'{"job": "' + b"[" * 50 + b'"}', "policy: "),  # brackets in a string: no nesting
 ])
 def test_a_malformed_body_is_refused_400_naming_the_field(fabric, path, body, field):
@@ -245,9 +245,9 @@ def test_a_malformed_body_is_refused_400_naming_the_field(fabric, path, body, fi
     ({"flow": [FLOW]}, "flow: unknown field"),  # a misspelt key unmarked everything
     ({"flows": None}, "flows: "),
     ({"flows": FLOW}, "flows: "),
-    ({"flows": [{**FLOW, "dscp": "40"}]}, "flows[0].dscp: "),
-    ([], "body: expected an object"),
-    (b"null", "body: expected an object"),
+    ({"flows": [{**FLOW, "dscp": "40"}]}, "flows.0.dscp: "),
+    ([], "document: "),
+    (b"null", "document: "),
     (b"{", "body: not JSON"),
 ])
 def test_a_malformed_delete_unmarks_nothing(fabric, body, field):
@@ -424,12 +424,21 @@ def test_parse_marking_and_unmarking():
     for bad in ({"replace": "true"}, {"flows": [FLOW], "x": 1}, {"flows": [{}]}):
         with pytest.raises(ValueError):
             parse_marking(bad)
+    for value in (None, 5, "x", FLOW):
+        with pytest.raises(ValueError, match=r"^flows: .* is not allowed \(a list of flows\)$"):
+            parse_marking({"flows": value})
+    with pytest.raises(ValueError, match=r"^flows\.1\.src: "):
+        parse_marking({"flows": [FLOW, {**FLOW, "src": "h1"}]})
+    with pytest.raises(ValueError, match=r"^flows: null is not allowed"):  # not "unmark all"
+        parse_unmarking({"flows": None})
+    with pytest.raises(ValueError, match=r"^flow: unknown field \(did you mean flows\?\)$"):
+        parse_unmarking({"flow": [FLOW]})
 
 
 @pytest.mark.parametrize("value", ["false", "true", 0, 1, None, [], {}])
 def test_a_boolean_is_a_json_boolean(value):
     with pytest.raises(ValueError, match=r"^replace: .* is not allowed \(true or false\)$"):
-        parse_bool("replace", value)
+        parse_marking({"replace": value})
 
 
 def test_errors_quote_input_short():
