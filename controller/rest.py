@@ -7,7 +7,7 @@ GET  /fabric/classes      the per-flow DSCP marks and the switch each is install
 POST /fabric/classes      {"flows": [{src, dst, dscp, proto?, sport?, dport?}], "replace": false}
 DELETE /fabric/classes    {"flows": [...]} unmarks those; no body (or {}) unmarks all
 GET  /jobs                the registered training jobs: policy, DSCP per layer, the rewrites
-POST /jobs                {"job", "policy", "hosts", "layers", "flows"} (controller/scheduling.py)
+POST /jobs                {"job", "policy", "hosts", "layers", "flows"} (JobDocument, controller/scheduling.py)
                           registers or replaces a job; answers with the job as GET shows it
 DELETE /jobs/<id>         unregisters a job and unmarks its flows (404 when unknown)
 
@@ -26,15 +26,17 @@ import logging
 import re
 import resource
 import time
+from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, TypeVar
 
 import eventlet.wsgi
 from ryu.app.wsgi import ControllerBase, Response, WSGIApplication, route
 from ryu.lib import hub
 
-from controller.priority import (CapacityError, FlowClass, check_fields, parse_bool,
-                                 parse_flow_classes, shown)
+from controller.priority import CapacityError, ClassEntry, FlowClass, flow_classes, shown
 from controller.scheduling import describe_job, parse_job
+from hostapps import schema
+from hostapps.schema import SchemaError, knob
 
 LOG = logging.getLogger("fabric.rest")
 T = TypeVar("T")
@@ -180,17 +182,39 @@ def parsed(parse: Callable[..., T], *args: object) -> T:
 
 
 # -- the documents of /fabric/classes ------------------------------------------------------------
-def parse_marking(document: object) -> tuple[list[FlowClass], bool]:
-    """The body of `POST /fabric/classes`: the flows to mark and whether they replace all."""
-    check_fields(document, "", ("flows", "replace"))
-    return (parse_flow_classes("flows", document.get("flows", [])),
-            parse_bool("replace", document.get("replace", False)))
+@dataclass(frozen=True)
+class Marking:
+    """The body of `POST /fabric/classes`, declared on the schema engine (hostapps/schema.py)."""
+    flows: list[ClassEntry] = knob([], "a list of flows")
+    replace: bool = knob(False, "true or false")
 
 
-def parse_unmarking(document: object) -> list[FlowClass] | None:
-    """The body of `DELETE /fabric/classes`: the flows to unmark, None ({}) for all of them."""
-    check_fields(document, "", ("flows",))
-    return parse_flow_classes("flows", document["flows"]) if "flows" in document else None
+@dataclass(frozen=True)
+class Unmarking:
+    """The body of `DELETE /fabric/classes`. No flows: unmark all; but `"flows": null` is refused
+    (the type takes no null), as a misspelt key is: neither unmarks everything."""
+    flows: list[ClassEntry] = knob(None, "a list of flows")
+
+
+def build_body(cls: type[T], document: object, pace: Callable[[Iterable], Iterable]) -> T:
+    """schema.build of a request's document; a JSON null is refused too (build reads None as
+    all defaults: a DELETE would unmark everything)."""
+    if document is None:
+        raise SchemaError("document", "null is not allowed (an object)")
+    return schema.build(cls, document, pace=pace)
+
+
+def parse_marking(document: object, pace: Callable[[Iterable], Iterable] = iter) -> tuple[list[FlowClass], bool]:
+    """The flows a `POST /fabric/classes` marks and whether they replace all (pace: as in
+    schema.build)."""
+    marking = build_body(Marking, document, pace)
+    return flow_classes(marking.flows), marking.replace
+
+
+def parse_unmarking(document: object, pace: Callable[[Iterable], Iterable] = iter) -> list[FlowClass] | None:
+    """The flows a `DELETE /fabric/classes` unmarks, None ({}) for all of them."""
+    unmarking = build_body(Unmarking, document, pace)
+    return None if unmarking.flows is None else flow_classes(unmarking.flows)
 
 
 class FabricRestController(ControllerBase):
@@ -233,7 +257,7 @@ class FabricRestController(ControllerBase):
 
     @route("fabric", "/fabric/classes", methods=["POST"])
     def post_classes(self, req, **_):
-        flows, replace = parsed(parse_marking, json_document(req, read_body(req)))
+        flows, replace = parsed(parse_marking, json_document(req, read_body(req)), cooperatively)
         hub.sleep(0)
         self.fabric.set_flow_classes(flows, replace=replace)
         return _json_list(self.fabric.describe_flow_classes())
@@ -241,7 +265,7 @@ class FabricRestController(ControllerBase):
     @route("fabric", "/fabric/classes", methods=["DELETE"])
     def delete_classes(self, req, **_):
         body = read_body(req)  # none: unmark all
-        flows = parsed(parse_unmarking, json_document(req, body)) if body else None
+        flows = parsed(parse_unmarking, json_document(req, body), cooperatively) if body else None
         hub.sleep(0)
         self.fabric.remove_flow_classes(flows)
         return _json_list(self.fabric.describe_flow_classes())
@@ -252,7 +276,7 @@ class FabricRestController(ControllerBase):
 
     @route("jobs", "/jobs", methods=["POST"])
     def post_job(self, req, **_):
-        job = parsed(parse_job, json_document(req, read_body(req)))
+        job = parsed(parse_job, json_document(req, read_body(req)), cooperatively)
         hub.sleep(0)
         self.fabric.register_job(job)
         hub.sleep(0)

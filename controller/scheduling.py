@@ -19,34 +19,77 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Sequence
+from typing import Callable, ClassVar, Iterable, Sequence
 
-from controller.priority import (MAX_FLOWS, MAX_MARKS, FlowClass, check_fields, parse_int,
-                                 parse_ipv4, parse_list, parse_port, parse_proto,
-                                 port_range_blocks, shown)
+from controller.priority import (IPV4, MAX_FLOWS, MAX_MARKS, MAX_PORT, PORT, PROTOCOLS, FlowClass, is_ipv4,
+                                 is_port, port_range_blocks, too_many)
+from hostapps import schema
+from hostapps.schema import SchemaError, knob
 
 GRADIENT_DSCPS = (48, 40, 32, 24, 16)  # CS6..CS2, most urgent first
 DEFAULT_DSCP = 0                       # CS0
 LOWER_EFFORT_DSCP = 1                  # LE (RFC 8622): what senders mark droppable datagrams with
 DROPPABLE_DSCP = 8                     # CS1: the short-queued class the controller moves LE to
 
-JOB_FIELDS = ("job", "policy", "hosts", "layers", "flows")
-LAYER_FIELDS = ("index", "name", "bytes", "fwd_ms", "bwd_ms")
-FLOW_FIELDS = ("layer", "layers", "src", "dst", "proto", "sport", "dport", "dport_range")
 # Layers in one job: real models have hundreds of parameter tensors; ranking the most allowed
 # takes a few milliseconds.
 MAX_LAYERS = 4096
 MAX_HOSTS = 1024  # hosts in one job (each gets one mark, for its lower-effort datagrams)
+MAX_INDEX = 1_000_000
+MAX_LAYER_BYTES = 1 << 40
+MAX_MS = 1e9
+INDEX = f"a layer index, an integer 0..{MAX_INDEX}"
+MILLISECONDS = "milliseconds, 0 <= ms < 1e9"
+
+
+def is_index(index: int) -> bool:
+    return 0 <= index <= MAX_INDEX
+
+
+def is_ms(ms: float | None) -> bool:
+    return ms is None or 0 <= ms < MAX_MS
 
 
 @dataclass(frozen=True)
 class Layer:
-    """One entry of a job's layer table; `index` is the layer's position in the forward pass."""
-    index: int
-    name: str
-    bytes: int
-    fwd_ms: float | None = None
-    bwd_ms: float | None = None
+    """One entry of a job's layer table; `index` is the layer's position in the forward pass.
+    Declared on the schema engine: the job document's layers are built as these."""
+    index: int = knob(allowed=INDEX, check=is_index)
+    name: str = knob(allowed="a non-empty string", check=bool)
+    bytes: int = knob(allowed=f"an integer 0..{MAX_LAYER_BYTES}", check=lambda n: 0 <= n <= MAX_LAYER_BYTES)
+    fwd_ms: float | None = knob(None, MILLISECONDS, is_ms)
+    bwd_ms: float | None = knob(None, MILLISECONDS, is_ms)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlowEntry:
+    """A flow of the job document: the layers whose gradients it carries (`layer`, `layers`, or
+    neither: every layer), its ends (two of the job's hosts), and its destination port (`dport`,
+    `dport_range` [lo, hi], or neither: any); `parse_job` makes a JobFlow of it."""
+    layer: int | None = knob(None, INDEX, lambda index: index is None or is_index(index))
+    layers: list[int] | None = knob(None, f"a non-empty list of layer indices, integers 0..{MAX_INDEX}",
+                                    lambda indices: indices is None or len(indices) > 0, each=is_index)
+    src: str = knob(allowed=IPV4, check=is_ipv4)
+    dst: str = knob(allowed=IPV4, check=is_ipv4)
+    proto: str = knob(choices=lambda: list(PROTOCOLS))
+    sport: int | None = knob(None, PORT, is_port)
+    dport: int | None = knob(None, PORT, is_port)
+    dport_range: list[int] | None = knob(None, f"[lo, hi]: ports 1..{MAX_PORT}, lo <= hi",
+                                         lambda ports: ports is None or (len(ports) == 2 and ports[0] <= ports[1]),
+                                         each=is_port)
+
+
+@dataclass(frozen=True)
+class JobDocument:
+    """The job document of `POST /jobs`, declared on the schema engine (hostapps/schema.py);
+    `parse_job` builds it and makes a RegisteredJob of it. The policy is one of the registry's."""
+    job: str = knob(allowed="a non-empty name without '/'", check=lambda name: name != "" and "/" not in name)
+    policy: str = knob(choices=lambda: list(CLASS_POLICIES))
+    hosts: list[str] = knob(allowed='a non-empty list of IPv4 addresses such as "10.0.0.1"', check=bool,
+                            each=is_ipv4)
+    layers: list[Layer] = knob(allowed="a non-empty list of layers", check=bool)
+    # No flows: the senders mark each message with its layer's class themselves.
+    flows: list[FlowEntry] = knob([], "a list of flows")
 
 
 @dataclass(frozen=True)
@@ -64,6 +107,7 @@ class JobFlow:
 
 @dataclass(frozen=True)
 class RegisteredJob:
+    """A job as the controller holds it: `parse_job` makes one of a JobDocument."""
     job: str
     policy: str
     hosts: tuple[str, ...]
@@ -185,64 +229,7 @@ def job_flow_classes(job: RegisteredJob) -> list[FlowClass]:
     return classes
 
 
-# -- parsing the REST job document ----------------------------------------------------------------
-def _parse_ms(name: str, value: object) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e9:
-        raise ValueError(f"{name}: {shown(value)} is not allowed (milliseconds >= 0)")
-    return float(value)
-
-
-def parse_layer(data: object, at: str) -> Layer:
-    check_fields(data, at, LAYER_FIELDS)
-    name = data.get("name")
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"{at}.name: {shown(name)} is not allowed (a non-empty string)")
-    return Layer(parse_int(f"{at}.index", data.get("index"), 0, 1_000_000), name,
-                 parse_int(f"{at}.bytes", data.get("bytes"), 0, 1 << 40),
-                 _parse_ms(f"{at}.fwd_ms", data.get("fwd_ms")),
-                 _parse_ms(f"{at}.bwd_ms", data.get("bwd_ms")))
-
-
-def parse_flow(data: object, at: str, hosts: frozenset[str], indices: frozenset[int]) -> JobFlow:
-    check_fields(data, at, FLOW_FIELDS)
-    if "layer" in data and "layers" in data:
-        raise ValueError(f"{at}.layers: give layer or layers, not both")
-    if "layer" in data:
-        layers = [parse_int(f"{at}.layer", data["layer"], 0, 1_000_000)]
-    elif "layers" in data:
-        layers = [parse_int(f"{at}.layers", i, 0, 1_000_000)
-                  for i in parse_list(f"{at}.layers", data["layers"], MAX_LAYERS)]
-    else:
-        layers = sorted(indices)  # a connection carrying every layer
-    unknown = [i for i in layers if i not in indices]
-    if unknown:
-        field = "layer" if "layer" in data else "layers"
-        raise ValueError(f"{at}.{field}: layer {unknown[0]} is not in the layer table")
-    src, dst = data.get("src"), data.get("dst")
-    for end, address in (("src", src), ("dst", dst)):
-        if not (isinstance(address, str) and address in hosts):  # the hosts are valid addresses
-            parse_ipv4(f"{at}.{end}", address)
-            raise ValueError(f"{at}.{end}: {address} is not one of the job's hosts")
-    proto = parse_proto(f"{at}.proto", data.get("proto"))
-    sport = None if data.get("sport") is None else parse_port(f"{at}.sport", data["sport"])
-    if data.get("dport") is not None and data.get("dport_range") is not None:
-        raise ValueError(f"{at}.dport_range: give dport or dport_range, not both")
-    if data.get("dport") is not None:
-        lo = hi = parse_port(f"{at}.dport", data["dport"])
-    elif data.get("dport_range") is not None:
-        bounds = data["dport_range"]
-        if not isinstance(bounds, list) or len(bounds) != 2:
-            raise ValueError(f"{at}.dport_range: {shown(bounds)} is not allowed ([lo, hi])")
-        lo, hi = (parse_port(f"{at}.dport_range", port) for port in bounds)
-        if lo > hi:
-            raise ValueError(f"{at}.dport_range: {shown(bounds)} is not allowed (lo <= hi)")
-    else:
-        lo = hi = None
-    return JobFlow(tuple(layers), src, dst, proto, sport, lo, hi)
-
-
+# -- the REST job document ----------------------------------------------------------------------
 def job_mark_count(job: RegisteredJob) -> int:
     """How many marks `job_flow_classes` makes of the job, without making them."""
     return len(job.hosts) + sum(1 if flow.dport_lo is None else
@@ -250,36 +237,50 @@ def job_mark_count(job: RegisteredJob) -> int:
                                 for flow in job.flows)
 
 
-def parse_job(data: object) -> RegisteredJob:
-    """The job document of `POST /jobs`; every error names the field (e.g. `flows[2].dport`)."""
-    check_fields(data, "", JOB_FIELDS, "job")
-    job = data.get("job")
-    if not isinstance(job, str) or not job or "/" in job:
-        raise ValueError(f"job: {shown(job)} is not allowed (a non-empty name without '/')")
-    policy = data.get("policy")
-    if not isinstance(policy, str) or policy not in CLASS_POLICIES:
-        raise ValueError(f"policy: {shown(policy)} is not allowed "
-                         f"(one of {', '.join(sorted(CLASS_POLICIES))})")
-    hosts = tuple(parse_ipv4(f"hosts[{i}]", h)
-                  for i, h in enumerate(parse_list("hosts", data.get("hosts"), MAX_HOSTS)))
-    layers = tuple(parse_layer(layer, f"layers[{i}]")
-                   for i, layer in enumerate(parse_list("layers", data.get("layers"), MAX_LAYERS)))
+def job_flow(flow: FlowEntry, at: str, hosts: frozenset[str], indices: frozenset[int]) -> JobFlow:
+    """The flow entry at path `at` as a JobFlow, checked against the job's hosts and layers."""
+    if flow.layer is not None and flow.layers is not None:
+        raise SchemaError(f"{at}.layers", "give layer or layers, not both")
+    if flow.layer is not None:
+        layers, named = [flow.layer], "layer"
+    elif flow.layers is not None:
+        too_many(f"{at}.layers", flow.layers, MAX_LAYERS)
+        layers, named = flow.layers, "layers"
+    else:
+        layers, named = sorted(indices), "layers"  # a connection carrying every layer
+    unknown = [index for index in layers if index not in indices]
+    if unknown:
+        raise SchemaError(f"{at}.{named}", f"layer {unknown[0]} is not in the layer table")
+    for end, address in (("src", flow.src), ("dst", flow.dst)):
+        if address not in hosts:
+            raise SchemaError(f"{at}.{end}", f"{address} is not one of the job's hosts")
+    if flow.dport is not None and flow.dport_range is not None:
+        raise SchemaError(f"{at}.dport_range", "give dport or dport_range, not both")
+    lo, hi = (flow.dport, flow.dport) if flow.dport_range is None else flow.dport_range
+    return JobFlow(tuple(layers), flow.src, flow.dst, flow.proto, flow.sport, lo, hi)
+
+
+def parse_job(data: object, pace: Callable[[Iterable], Iterable] = iter) -> RegisteredJob:
+    """The job document of `POST /jobs`: `JobDocument` built by the schema engine (types, ranges,
+    unknown keys), then the rules across fields; every error is one line naming the field (e.g.
+    `flows.2.dport`). pace: how long lists are gone through (see schema.build)."""
+    document = schema.build(JobDocument, data, pace=pace)
+    too_many("hosts", document.hosts, MAX_HOSTS)
+    too_many("layers", document.layers, MAX_LAYERS)
+    too_many("flows", document.flows, MAX_FLOWS)
     indices: set[int] = set()
-    for layer in layers:
+    for at, layer in enumerate(document.layers):
         if layer.index in indices:
-            raise ValueError(f"layers: index {layer.index} appears twice")
+            raise SchemaError(f"layers.{at}.index", f"{layer.index} is the index of an earlier layer")
         indices.add(layer.index)
-    known_hosts, known_indices = frozenset(hosts), frozenset(indices)
-    # No flows: the senders mark each message with its layer's class themselves.
-    flows = tuple(parse_flow(flow, f"flows[{i}]", known_hosts, known_indices) for i, flow in
-                  enumerate(parse_list("flows", data.get("flows", []), MAX_FLOWS,
-                                       may_be_empty=True)))
-    parsed = RegisteredJob(job, policy, hosts, layers, flows)
-    marks = job_mark_count(parsed)
+    hosts, known = frozenset(document.hosts), frozenset(indices)
+    flows = tuple(job_flow(flow, f"flows.{at}", hosts, known) for at, flow in pace(enumerate(document.flows)))
+    job = RegisteredJob(document.job, document.policy, tuple(document.hosts), tuple(document.layers), flows)
+    marks = job_mark_count(job)
     if marks > MAX_MARKS:
-        raise ValueError(f"flows: the job needs {marks} marks (one per host, one per flow or per "
-                         f"aligned block of its port range), more than the {MAX_MARKS} allowed")
-    return parsed
+        raise SchemaError("flows", f"the job needs {marks} marks (one per host, one per flow or per aligned "
+                                   f"block of its port range), more than the {MAX_MARKS} allowed")
+    return job
 
 
 def describe_job(job: RegisteredJob) -> dict:

@@ -6,9 +6,13 @@ line naming the field and what is allowed:
     error: --lr: -1 is not allowed (a finite learning rate > 0)
 
 A field's type annotation says what value it takes (int, float, str, bool, a Literal, a union, a
-list, None, or a nested dataclass: a section); `knob` adds its default, what is allowed in words,
-a check of the parsed value, and, for choices that grow with the testbed, the registry they are
-read from (a callable: a new policy registers itself and is a valid choice everywhere).
+list, None, or a nested dataclass: a section; a list of sections is a list of documents, such as
+the layers and flows of the controller's `POST /jobs`, whose errors name the item:
+`flows.2.dport`); `knob` adds its default, what is allowed in words, a check of the parsed value
+(and of each item of a list), and, for choices that grow with the testbed, the registry they are
+read from (a callable: a new policy registers itself and is a valid choice everywhere). Rules
+across fields (two layers with one index, a flow naming an unknown host) are the caller's, checked
+on what `build` returns, with the same one-line SchemaError.
 The host apps are the lowest layer of the testbed, so every package may import this module.
 """
 from __future__ import annotations
@@ -18,6 +22,7 @@ import copy
 import dataclasses
 import difflib
 import functools
+import itertools
 import re
 from dataclasses import field
 from types import NoneType, UnionType
@@ -54,9 +59,25 @@ def show(value: Any) -> str:
     elif isinstance(value, str):
         text = repr(value)
     else:
-        text = yaml.safe_dump(value, default_flow_style=True, width=float("inf"))
+        text = yaml.safe_dump(_cut(value, [SHOWN_CHARS]), default_flow_style=True, width=float("inf"))
         text = text.removesuffix("\n").removesuffix("\n...").strip()
     return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}..."
+
+
+def _cut(value: Any, budget: list[int]) -> Any:
+    """value with only its first values kept, SHOWN_CHARS in all (each shows as a character or
+    more), and its strings cut to SHOWN_CHARS + 1 characters: what is cut still shows longer than
+    SHOWN_CHARS, and dumping it stays cheap however big the value (a megabyte of a REST document's
+    values takes YAML seconds)."""
+    budget[0] -= 1
+    if isinstance(value, str):
+        return value[:SHOWN_CHARS + 1]
+    if isinstance(value, list):
+        return [_cut(item, budget) for item in itertools.takewhile(lambda _: budget[0] > 0, value)]
+    if isinstance(value, dict):
+        return {_cut(key, budget): _cut(item, budget)
+                for key, item in itertools.takewhile(lambda _: budget[0] > 0, value.items())}
+    return value
 
 
 def not_allowed(path: str, value: Any, allowed: str) -> SchemaError:
@@ -65,16 +86,18 @@ def not_allowed(path: str, value: Any, allowed: str) -> SchemaError:
 
 def knob(default: Any = dataclasses.MISSING, allowed: str = "", check: Callable[[Any], bool] | None = None,
          choices: Callable[[], Iterable[str]] | None = None, flag: str | None = None,
-         parse: Callable[[str], Any] | None = None, cli: bool = True) -> Any:
+         parse: Callable[[str], Any] | None = None, cli: bool = True,
+         each: Callable[[Any], bool] | None = None) -> Any:
     """A schema field.
 
     default: none means required; allowed: what is allowed, in words (choices and Literal fields
     say it themselves); check: of the parsed value; choices: the registry the value must be in
     (read when checking); flag: its command-line flag (default --<name with dashes>); parse: how
     to read it from command-line text (default: by its type); cli: False keeps it off the command
-    line.
+    line; each: a check of each item of a list value (the error names the item), before `check`.
     """
-    metadata = {"allowed": allowed, "check": check, "choices": choices, "flag": flag, "parse": parse, "cli": cli}
+    metadata = {"allowed": allowed, "check": check, "choices": choices, "flag": flag, "parse": parse, "cli": cli,
+                "each": each}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -127,13 +150,14 @@ def _may_be(annotation: Any, raw: Any) -> bool:
 
 
 def _parse(annotation: Any, raw: Any, path: str, allowed: str, join: Callable[[str, str], str],
-           text: bool = False) -> Any:
+           text: bool = False, pace: Callable[[Iterable], Iterable] = iter) -> Any:
     """raw converted to the annotated type, or SchemaError. Checks are the caller's. text: raw
-    may be command-line text to read as the type (errors show the text as typed)."""
+    may be command-line text to read as the type (errors show the text as typed); pace: as in
+    `build`."""
     if text and isinstance(raw, str):
         value = from_text(annotation, raw)
         try:
-            return _parse(annotation, value, path, allowed, join)
+            return _parse(annotation, value, path, allowed, join, pace=pace)
         except SchemaError:
             raise not_allowed(path, raw, allowed) from None
     origin = get_origin(annotation)
@@ -141,23 +165,58 @@ def _parse(annotation: Any, raw: Any, path: str, allowed: str, join: Callable[[s
         for member in get_args(annotation):
             if _may_be(member, raw):  # trying the others would only format errors to drop
                 try:
-                    return _parse(member, raw, path, allowed, join)
+                    return _parse(member, raw, path, allowed, join, pace=pace)
                 except SchemaError:
                     continue
         raise not_allowed(path, raw, allowed)
     if dataclasses.is_dataclass(annotation):
-        return build(annotation, raw, path, join=join, text=text)
+        return build(annotation, raw, path, join=join, text=text, pace=pace)
     if not _may_be(annotation, raw):
         raise not_allowed(path, raw, allowed)
     if origin is list:
         (item,) = get_args(annotation)
-        return [_parse(item, value, join(path, str(index)), allowed, join) for index, value in enumerate(raw)]
+        if dataclasses.is_dataclass(item):
+            return [build(item, value, join(path, str(index)), join=join, pace=pace)
+                    for index, value in pace(enumerate(raw))]
+        as_is = _as_is(item)
+        return [value if type(value) in as_is else _parse(item, value, join(path, str(index)), allowed, join)
+                for index, value in pace(enumerate(raw))]
     if annotation is float:
         try:
             return float(raw)
         except OverflowError:  # an integer beyond any float
             raise not_allowed(path, raw, allowed) from None
     return raw
+
+
+@functools.cache
+def _plan(cls: type) -> tuple[tuple[str, ...], tuple[tuple, ...]]:
+    """cls's field names, and per field what `build` uses: the field, its annotation, the types
+    of the values it takes as they are (and of a list's items), whether it is required, its
+    check, choices and item check."""
+    hints = _type_hints(cls)
+    plan = tuple((declared, hints[declared.name], _as_is(hints[declared.name]), _items_as_is(hints[declared.name]),
+                  declared.default is dataclasses.MISSING and declared.default_factory is dataclasses.MISSING,
+                  declared.metadata.get("check"), declared.metadata.get("choices"), declared.metadata.get("each"))
+                 for declared in dataclasses.fields(cls))
+    return tuple(declared.name for declared in dataclasses.fields(cls)), plan
+
+
+@functools.cache
+def _as_is(annotation: Any) -> frozenset[type]:
+    """The types whose values the annotated type takes unchanged (str, int, None, ...)."""
+    members = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,)
+    return frozenset(member for member in members if member in (str, int, float, bool, NoneType))
+
+
+def _items_as_is(annotation: Any) -> frozenset[type]:
+    """The types of the items a list the annotated type takes has unchanged (none: not a list, a
+    list of sections, or a union in which more than one type may take a list)."""
+    members = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,)
+    lists = [member for member in members if get_origin(member) is list or member is Any]
+    if len(lists) != 1 or lists[0] is Any:
+        return frozenset()
+    return _as_is(get_args(lists[0])[0])
 
 
 def unknown_key(path: str, key: Any, known: list[str], join: Callable[[str, str], str] = dotted) -> SchemaError:
@@ -167,37 +226,47 @@ def unknown_key(path: str, key: Any, known: list[str], join: Callable[[str, str]
 
 
 def build(cls: type, raw: Any, path: str = "", also_known: tuple[str, ...] = (), base: Any = None,
-          join: Callable[[str, str], str] = dotted, text: bool = False) -> Any:
+          join: Callable[[str, str], str] = dotted, text: bool = False,
+          pace: Callable[[Iterable], Iterable] = iter) -> Any:
     """An instance of schema dataclass cls from a raw mapping (None: all defaults).
 
     also_known: keys the caller handles itself, only to suggest them for typos; base: an instance
     of cls whose values the fields raw leaves out keep, instead of their defaults; join: how a
     field's path is made from its section's (dotted, or flags for a command line); text: string
-    values of typed fields are command-line text, read as their type.
+    values of typed fields are command-line text, read as their type; pace: how the items of a
+    list are gone through (the controller's REST API passes one that yields to its OpenFlow side
+    now and then: a document of thousands of sections takes tens of milliseconds).
     """
-    known = [f.name for f in dataclasses.fields(cls)]
+    known, plan = _plan(cls)
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise not_allowed(path or "document", raw, f"a mapping with keys {', '.join(known)}")
     for key in raw:
         if key not in known:
-            raise unknown_key(path, key, known + list(also_known), join)
-    hints = _type_hints(cls)
+            raise unknown_key(path, key, list(known) + list(also_known), join)
     values = {}
-    for declared in dataclasses.fields(cls):
-        field_path = join(path, declared.name)
-        allowed = allowed_text(declared, hints[declared.name])
-        if declared.name not in raw:
-            required = declared.default is dataclasses.MISSING and declared.default_factory is dataclasses.MISSING
+    for declared, annotation, as_is, items_as_is, required, check, choices, each in plan:
+        name = declared.name
+        if name not in raw:
             if required and base is None:
-                raise SchemaError(field_path, f"missing ({allowed})")
+                raise SchemaError(join(path, name), f"missing ({allowed_text(declared, annotation)})")
             continue
-        value = _parse(hints[declared.name], raw[declared.name], field_path, allowed, join, text)
-        check, choices = declared.metadata.get("check"), declared.metadata.get("choices")
+        raw_value = raw[name]
+        if type(raw_value) in as_is:  # a value of the type: nothing to parse (most of a big document)
+            value = raw_value
+        elif items_as_is and type(raw_value) is list and all(type(item) in items_as_is for item in raw_value):
+            value = list(raw_value)
+        else:
+            value = _parse(annotation, raw_value, join(path, name), allowed_text(declared, annotation), join, text,
+                           pace)
+        for index, item in pace(enumerate(value if each and isinstance(value, list) else ())):
+            if not each(item):
+                raise not_allowed(join(join(path, name), str(index)), raw_value[index],
+                                  allowed_text(declared, annotation))
         if (check and not check(value)) or (choices and value not in choices()):
-            raise not_allowed(field_path, raw[declared.name], allowed)
-        values[declared.name] = value
+            raise not_allowed(join(path, name), raw_value, allowed_text(declared, annotation))
+        values[name] = value
     return cls(**values) if base is None else dataclasses.replace(base, **values)
 
 

@@ -1,16 +1,23 @@
-"""FlowClass validation (REST input), class selectors, where a flow is marked, match keys."""
+"""FlowClass validation (REST input, a ClassEntry on the schema engine), class selectors, where
+a flow is marked, match keys."""
 import pytest
 from hypothesis import given, strategies as st
 
-from controller.priority import (MAX_FLOWS, FlowClass, class_selector, ingress_switch,
-                                 parse_flow_classes)
+from controller.priority import (MAX_FLOWS, ClassEntry, FlowClass, class_selector, flow_classes,
+                                 ingress_switch)
 from helpers.fabric_views import LEAF, ip, leaf_spine
+from hostapps import schema
 
 BASE = {"src": "10.0.0.1", "dst": "10.0.0.2", "dscp": 46}
 
 
 def flow(**changes):
     return {**BASE, **changes}
+
+
+def from_dict(data, at: str = "") -> FlowClass:
+    """A FlowClass from a REST flow object at path `at`, as POST /fabric/classes reads one."""
+    return schema.build(ClassEntry, data, at).flow_class(at)
 
 
 @pytest.mark.parametrize("data, expected", [
@@ -22,15 +29,15 @@ def flow(**changes):
     (flow(proto=None, sport=None), FlowClass("10.0.0.1", "10.0.0.2", 46)),
 ])
 def test_from_dict_valid(data, expected):
-    got = FlowClass.from_dict(data)
+    got = from_dict(data)
     assert got == expected
-    assert FlowClass.from_dict(got.to_dict()) == got
+    assert from_dict(got.to_dict()) == got
     assert None not in got.to_dict().values()
 
 
 @pytest.mark.parametrize("data, field", [
-    ("10.0.0.1>10.0.0.2", "flow"),
-    ([BASE], "flow"),
+    ("10.0.0.1>10.0.0.2", "document"),
+    ([BASE], "document"),
     (flow(prio=3), "prio"),
     (flow(queue=1, zzz=2), "queue"),
     ({"dst": "10.0.0.2", "dscp": 1}, "src"),
@@ -62,36 +69,34 @@ def test_from_dict_valid(data, expected):
 ])
 def test_from_dict_invalid_names_the_field(data, field):
     with pytest.raises(ValueError) as err:
-        FlowClass.from_dict(data)
+        from_dict(data)
     assert str(err.value).startswith(f"{field}: "), str(err.value)
 
 
 def test_from_dict_errors_name_the_path():
-    with pytest.raises(ValueError, match=r"^flows\[3\]\.dscp: 99 is not allowed"):
-        FlowClass.from_dict(flow(dscp=99), "flows[3]")
-    with pytest.raises(ValueError, match=r"^flows\[3\]\.prio: unknown field"):
-        FlowClass.from_dict(flow(prio=1), "flows[3]")
-    with pytest.raises(ValueError, match=r"^flows\[3\]: expected an object"):
-        FlowClass.from_dict([BASE], "flows[3]")
+    with pytest.raises(ValueError, match=r"^flows\.3\.dscp: 99 is not allowed \(an integer 0\.\.63\)$"):
+        from_dict(flow(dscp=99), "flows.3")
+    with pytest.raises(ValueError, match=r"^flows\.3\.prio: unknown field"):
+        from_dict(flow(prio=1), "flows.3")
+    with pytest.raises(ValueError, match=r"^flows\.3: \[.* is not allowed \(a mapping with keys src, dst, "):
+        from_dict([BASE], "flows.3")
+    with pytest.raises(ValueError, match=r"^flows\.3\.dport: needs proto \(tcp or udp\)$"):
+        from_dict(flow(dport=80), "flows.3")
 
 
-def test_parse_flow_classes_is_a_bounded_list():
-    assert parse_flow_classes("flows", []) == []
-    assert len(parse_flow_classes("flows", [BASE] * MAX_FLOWS)) == MAX_FLOWS
+def test_flow_classes_is_a_bounded_list():
+    entry = schema.build(ClassEntry, BASE)
+    assert flow_classes([]) == []
+    assert len(flow_classes([entry] * MAX_FLOWS)) == MAX_FLOWS
     with pytest.raises(ValueError, match=rf"^flows: {MAX_FLOWS + 1} items is more than the "
                                          rf"{MAX_FLOWS} allowed$"):
-        parse_flow_classes("flows", [BASE] * (MAX_FLOWS + 1))
-    for value in (None, 5, "x", BASE):
-        with pytest.raises(ValueError, match=r"^flows: .* is not allowed \(a list\)$"):
-            parse_flow_classes("flows", value)
-    with pytest.raises(ValueError, match=r"^flows\[1\]\.src: "):
-        parse_flow_classes("flows", [BASE, flow(src="h1")])
+        flow_classes([entry] * (MAX_FLOWS + 1))
 
 
 @given(st.integers().filter(lambda d: not 0 <= d <= 63))
 def test_any_dscp_out_of_range_is_refused(dscp):
     with pytest.raises(ValueError, match=r"^dscp: "):
-        FlowClass.from_dict(flow(dscp=dscp))
+        from_dict(flow(dscp=dscp))
 
 
 @given(st.integers(0, 63), st.sampled_from([None, "tcp", "udp"]),
@@ -100,9 +105,9 @@ def test_any_valid_class_round_trips(dscp, proto, sport, dport):
     data = flow(dscp=dscp, proto=proto)
     if proto is not None:
         data.update(sport=sport, dport=dport)
-    got = FlowClass.from_dict(data)
+    got = from_dict(data)
     assert (got.dscp, got.proto) == (dscp, proto)
-    assert FlowClass.from_dict(got.to_dict()) == got
+    assert from_dict(got.to_dict()) == got
 
 
 @pytest.mark.parametrize("dscp, cs", [(0, 0), (7, 0), (8, 1), (10, 1), (26, 3), (34, 4),

@@ -5,6 +5,7 @@ requests to every endpoint, how long a request may hold the OpenFlow side, and i
 connections to the server."""
 import controller.manager  # noqa: F401  (the eventlet shim, before ryu.app.wsgi)
 
+import dataclasses
 import gc
 import json
 import logging
@@ -20,11 +21,10 @@ from ryu.ofproto import ofproto_v1_5, ofproto_v1_5_parser
 
 from controller.app import FabricController
 from controller.pipeline import MAX_JOBS
-from controller.priority import MAX_FLOWS, MAX_MARKS, FlowClass, parse_bool
+from controller.priority import MAX_FLOWS, MAX_MARKS, FlowClass
 from controller.rest import (MAX_BODY_BYTES, MAX_CONNECTIONS, MAX_JSON_DEPTH, nesting_exceeds,
                              parse_marking, parse_unmarking, serve)
-from controller.scheduling import (FLOW_FIELDS, JOB_FIELDS, LAYER_FIELDS, MAX_HOSTS, MAX_LAYERS,
-                                   parse_job)
+from controller.scheduling import MAX_HOSTS, MAX_LAYERS, FlowEntry, JobDocument, Layer, parse_job
 from helpers.loopback import free_port
 
 BASE_URL = "http://127.0.0.1:8080"
@@ -188,37 +188,38 @@ DEEP = b"[" * 100_000 + b"]" * 100_000
     ("/fabric/classes", {"flows": None}, "flows: "),
     ("/fabric/classes", {"flows": "x"}, "flows: "),
     ("/fabric/classes", {"flows": {"src": A}}, "flows: "),
-    ("/fabric/classes", {"flows": [5]}, "flows[0]: "),
-    ("/fabric/classes", {"flows": [FLOW, {**FLOW, "dscp": 64}]}, "flows[1].dscp: "),
-    ("/fabric/classes", {"flows": [{**FLOW, "dscp": [[[[[1]]]]]}]}, "flows[0].dscp: "),
-    ("/fabric/classes", {"flows": [{**FLOW, "src": {"a": 1}}]}, "flows[0].src: "),
-    ("/fabric/classes", {"flows": [{**FLOW, "prio": 1}]}, "flows[0].prio: unknown field"),
+    ("/fabric/classes", {"flows": [5]}, "flows.0: "),
+    ("/fabric/classes", {"flows": [FLOW, {**FLOW, "dscp": 64}]}, "flows.1.dscp: "),
+    ("/fabric/classes", {"flows": [{**FLOW, "dscp": [[[[[1]]]]]}]}, "flows.0.dscp: "),
+    ("/fabric/classes", {"flows": [{**FLOW, "src": {"a": 1}}]}, "flows.0.src: "),
+    ("/fabric/classes", {"flows": [{**FLOW, "prio": 1}]}, "flows.0.prio: unknown field"),
     ("/fabric/classes", {"flows": [FLOW], "replace": "false"}, "replace: "),
     ("/fabric/classes", {"flows": [FLOW], "replace": 0}, "replace: "),
     ("/fabric/classes", {"flows": [FLOW], "replace": None}, "replace: "),
     ("/fabric/classes", {"flow": [FLOW]}, "flow: unknown field"),
-    ("/fabric/classes", [FLOW], "body: expected an object"),
-    ("/fabric/classes", b'"flows"', "body: expected an object"),
+    ("/fabric/classes", [FLOW], "document: "),
+    ("/fabric/classes", b'"flows"', "document: "),
     ("/fabric/classes", {"flows": [FLOW] * (MAX_FLOWS + 1)}, "flows: "),
     # POST /jobs
     ("/jobs", job_doc(policy=["x"]), "policy: "),
     ("/jobs", job_doc(policy={"x": 1}), "policy: "),
     ("/jobs", job_doc(job=None), "job: "),
-    ("/jobs", job_doc(hosts=[[A]]), "hosts[0]: "),
+    ("/jobs", job_doc(hosts=[[A]]), "hosts.0: "),
     ("/jobs", job_doc(hosts=[A] * (MAX_HOSTS + 1)), "hosts: "),
     ("/jobs", job_doc(layers=[{"index": i, "name": "l", "bytes": 1}
                               for i in range(MAX_LAYERS + 1)]), "layers: "),
     ("/jobs", job_doc(layers=[{"index": 0, "name": "l", "bytes": 1, "size": 3}]),
-     "layers[0].size: unknown field"),
+     "layers.0.size: unknown field"),
     ("/jobs", job_doc(flows=[{"layer": 0, "src": A, "dst": B, "proto": "tcp", "qos": 1}]),
-     "flows[0].qos: unknown field"),
+     "flows.0.qos: unknown field"),
     ("/jobs", job_doc(flows=[{"layer": 0, "src": [A], "dst": B, "proto": "tcp"}]),
-     "flows[0].src: "),
+     "flows.0.src: "),
     ("/jobs", job_doc(flows=[{"layers": "0", "src": A, "dst": B, "proto": "tcp"}]),
-     "flows[0].layers: "),
+     "flows.0.layers: "),
     ("/jobs", job_doc(flows=[{"src": A, "dst": B, "proto": "udp", "dport_range": [1, 65535]}]
                       * (MAX_MARKS // 16)), "flows: the job needs "),
     ("/jobs", job_doc(jobs="x"), "jobs: unknown field"),
+    ("/jobs", job_doc(polcy="x"), "polcy: unknown field (did you mean policy?)"),
     # bodies that are not one JSON document
     ("/jobs", b"{not json", "body: not JSON"),
     ("/jobs", b"", "body: not JSON"),
@@ -232,7 +233,7 @@ DEEP = b"[" * 100_000 + b"]" * 100_000
     ("/fabric/classes", b'{"flows": ' + b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH + b"}",
      "body: nested deeper than"),
     ("/fabric/classes", b'{"flows": ' + b"[" * (MAX_JSON_DEPTH - 1) + b"]" * (MAX_JSON_DEPTH - 1)
-     + b"}", "flows[0]: expected an object"),
+     + b"}", "flows.0: [["),
     ("/jobs", b'{"job": "' + b"[" * 50 + b'"}', "policy: "),  # brackets in a string: no nesting
 ])
 def test_a_malformed_body_is_refused_400_naming_the_field(fabric, path, body, field):
@@ -244,9 +245,9 @@ def test_a_malformed_body_is_refused_400_naming_the_field(fabric, path, body, fi
     ({"flow": [FLOW]}, "flow: unknown field"),  # a misspelt key unmarked everything
     ({"flows": None}, "flows: "),
     ({"flows": FLOW}, "flows: "),
-    ({"flows": [{**FLOW, "dscp": "40"}]}, "flows[0].dscp: "),
-    ([], "body: expected an object"),
-    (b"null", "body: expected an object"),
+    ({"flows": [{**FLOW, "dscp": "40"}]}, "flows.0.dscp: "),
+    ([], "document: "),
+    (b"null", "document: "),
     (b"{", "body: not JSON"),
 ])
 def test_a_malformed_delete_unmarks_nothing(fabric, body, field):
@@ -382,14 +383,19 @@ VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4)
                       | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=8)
 
 
+def fields(cls: type) -> tuple[str, ...]:
+    """The keys of a schema section."""
+    return tuple(declared.name for declared in dataclasses.fields(cls))
+
+
 def objects(fields: tuple[str, ...], values=VALUES):
     """Objects with mostly the schema's keys (a stray one now and then), any values."""
     return st.dictionaries(st.sampled_from(fields + ("bogus",)), values, max_size=len(fields))
 
 
 FLOW_CLASSES = objects(("src", "dst", "dscp", "proto", "sport", "dport"))
-JOBS = objects(JOB_FIELDS, VALUES | st.lists(objects(LAYER_FIELDS), max_size=3)
-               | st.lists(objects(FLOW_FIELDS), max_size=3)
+JOBS = objects(fields(JobDocument), VALUES | st.lists(objects(fields(Layer)), max_size=3)
+               | st.lists(objects(fields(FlowEntry)), max_size=3)
                | st.lists(st.sampled_from([A, B]), max_size=2)) | VALUES
 MARKINGS = objects(("flows", "replace"), VALUES | st.lists(FLOW_CLASSES, max_size=3)) | VALUES
 
@@ -418,18 +424,30 @@ def test_parse_marking_and_unmarking():
     for bad in ({"replace": "true"}, {"flows": [FLOW], "x": 1}, {"flows": [{}]}):
         with pytest.raises(ValueError):
             parse_marking(bad)
+    for value in (None, 5, "x", FLOW):
+        with pytest.raises(ValueError, match=r"^flows: .* is not allowed \(a list of flows\)$"):
+            parse_marking({"flows": value})
+    with pytest.raises(ValueError, match=r"^flows\.1\.src: "):
+        parse_marking({"flows": [FLOW, {**FLOW, "src": "h1"}]})
+    with pytest.raises(ValueError, match=r"^flows: null is not allowed"):  # not "unmark all"
+        parse_unmarking({"flows": None})
+    with pytest.raises(ValueError, match=r"^flow: unknown field \(did you mean flows\?\)$"):
+        parse_unmarking({"flow": [FLOW]})
 
 
 @pytest.mark.parametrize("value", ["false", "true", 0, 1, None, [], {}])
 def test_a_boolean_is_a_json_boolean(value):
     with pytest.raises(ValueError, match=r"^replace: .* is not allowed \(true or false\)$"):
-        parse_bool("replace", value)
+        parse_marking({"replace": value})
 
 
 def test_errors_quote_input_short():
     with pytest.raises(ValueError) as err:
         parse_job(job_doc(policy="x" * 100_000))
     assert len(str(err.value)) < 200 and str(err.value).startswith("policy: 'xxx")
+    with pytest.raises(ValueError) as err:  # cut before it is formatted: a megabyte took seconds
+        parse_job(job_doc(job=[["x" * 1000] * 1000] * 100))
+    assert len(str(err.value)) < 200 and str(err.value).startswith("job: [[xxx")
 
 
 def depth(document) -> int:

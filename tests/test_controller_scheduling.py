@@ -19,6 +19,7 @@ from controller.scheduling import (DROPPABLE_DSCP, GRADIENT_DSCPS, MAX_LAYERS, C
                                    ClassPolicy, job_flow_classes, job_mark_count, layer_dscps,
                                    parse_job, rank_to_class, ranks_by, register)
 from helpers import REPO
+from hostapps.schema import SchemaError
 from helpers.loopback import free_port
 from topologies.fabric import Fabric
 
@@ -153,33 +154,33 @@ def flow_doc(**changes) -> dict:
     ({"jobs": "x"}, "jobs"),
     ({"job": ""}, "job"), ({"job": 7}, "job"), ({"job": "a/b"}, "job"),
     ({"policy": "p3"}, "policy"), ({"policy": None}, "policy"), ({"policy": ["x"]}, "policy"),
-    ({"hosts": []}, "hosts"), ({"hosts": "10.0.0.1"}, "hosts"), ({"hosts": ["h1"]}, "hosts[0]"),
-    ({"layers": []}, "layers"), ({"layers": [5]}, "layers[0]"),
-    ({"layers": [layer_doc(), layer_doc()]}, "layers"),
-    ({"layers": [layer_doc(index=-1)]}, "layers[0].index"),
-    ({"layers": [layer_doc(index=True)]}, "layers[0].index"),
-    ({"layers": [layer_doc(name="")]}, "layers[0].name"),
-    ({"layers": [layer_doc(bytes=1.5)]}, "layers[0].bytes"),
-    ({"layers": [layer_doc(fwd_ms=-1)]}, "layers[0].fwd_ms"),
-    ({"layers": [layer_doc(bwd_ms="1")]}, "layers[0].bwd_ms"),
-    ({"layers": [layer_doc(size=1)]}, "layers[0].size"),
+    ({"hosts": []}, "hosts"), ({"hosts": "10.0.0.1"}, "hosts"), ({"hosts": ["h1"]}, "hosts.0"),
+    ({"layers": []}, "layers"), ({"layers": [5]}, "layers.0"),
+    ({"layers": [layer_doc(), layer_doc()]}, "layers.1.index"),
+    ({"layers": [layer_doc(index=-1)]}, "layers.0.index"),
+    ({"layers": [layer_doc(index=True)]}, "layers.0.index"),
+    ({"layers": [layer_doc(name="")]}, "layers.0.name"),
+    ({"layers": [layer_doc(bytes=1.5)]}, "layers.0.bytes"),
+    ({"layers": [layer_doc(fwd_ms=-1)]}, "layers.0.fwd_ms"),
+    ({"layers": [layer_doc(bwd_ms="1")]}, "layers.0.bwd_ms"),
+    ({"layers": [layer_doc(size=1)]}, "layers.0.size"),
     ({"layers": [layer_doc(index=i) for i in range(MAX_LAYERS + 1)]}, "layers"),
     ({"flows": None}, "flows"), ({"flows": 5}, "flows"),
     ({"flows": [flow_doc()] * (MAX_FLOWS + 1)}, "flows"),
-    ({"flows": [flow_doc(layer=9)]}, "flows[0].layer"),
-    ({"flows": [flow_doc(layer=None, layers=[0, 9])]}, "flows[0].layers"),
-    ({"flows": [flow_doc(layers=[0])]}, "flows[0].layers"),
-    ({"flows": [flow_doc(), flow_doc(src="10.0.0.2")]}, "flows[1].src"),
-    ({"flows": [flow_doc(dst="10.0.0.300")]}, "flows[0].dst"),
-    ({"flows": [flow_doc(proto="icmp")]}, "flows[0].proto"),
-    ({"flows": [flow_doc(proto=None)]}, "flows[0].proto"),
-    ({"flows": [flow_doc(sport=0)]}, "flows[0].sport"),
-    ({"flows": [flow_doc(dport=70000)]}, "flows[0].dport"),
-    ({"flows": [flow_doc(dport=1, dport_range=[1, 2])]}, "flows[0].dport_range"),
-    ({"flows": [flow_doc(dport_range=[9, 2])]}, "flows[0].dport_range"),
-    ({"flows": [flow_doc(dport_range=[1, 2, 3])]}, "flows[0].dport_range"),
-    ({"flows": [flow_doc(dport_range=[0, 2])]}, "flows[0].dport_range"),
-    ({"flows": [flow_doc(dscp=46)]}, "flows[0].dscp"),
+    ({"flows": [flow_doc(layer=9)]}, "flows.0.layer"),
+    ({"flows": [flow_doc(layer=None, layers=[0, 9])]}, "flows.0.layers"),
+    ({"flows": [flow_doc(layers=[0])]}, "flows.0.layers"),
+    ({"flows": [flow_doc(), flow_doc(src="10.0.0.2")]}, "flows.1.src"),
+    ({"flows": [flow_doc(dst="10.0.0.300")]}, "flows.0.dst"),
+    ({"flows": [flow_doc(proto="icmp")]}, "flows.0.proto"),
+    ({"flows": [flow_doc(proto=None)]}, "flows.0.proto"),
+    ({"flows": [flow_doc(sport=0)]}, "flows.0.sport"),
+    ({"flows": [flow_doc(dport=70000)]}, "flows.0.dport"),
+    ({"flows": [flow_doc(dport=1, dport_range=[1, 2])]}, "flows.0.dport_range"),
+    ({"flows": [flow_doc(dport_range=[9, 2])]}, "flows.0.dport_range"),
+    ({"flows": [flow_doc(dport_range=[1, 2, 3])]}, "flows.0.dport_range"),
+    ({"flows": [flow_doc(dport_range=[0, 2])]}, "flows.0.dport_range.0"),
+    ({"flows": [flow_doc(dscp=46)]}, "flows.0.dscp"),
 ])
 def test_job_errors_name_the_field(changes, field):
     doc = job_doc(**changes)
@@ -190,6 +191,22 @@ def test_job_errors_name_the_field(changes, field):
     assert str(err.value).startswith(f"{field}: "), str(err.value)
 
 
+@pytest.mark.parametrize("changes, error", [
+    ({"polcy": "layer"}, "polcy: unknown field (did you mean policy?)"),
+    ({"flows": [flow_doc(dprt=5001)]}, "flows.0.dprt: unknown field (did you mean dport?)"),
+    ({"layers": [layer_doc(bytes="100")]}, "layers.0.bytes: '100' is not allowed (an integer 0..1099511627776)"),
+    ({"hosts": [*HOSTS, "10.0.0.300"]},
+     "hosts.2: '10.0.0.300' is not allowed (a non-empty list of IPv4 addresses such as \"10.0.0.1\")"),
+    ({"policy": "lifo"}, "policy: 'lifo' is not allowed (one of fifo, layer, tictac, size)"),
+])
+def test_job_document_errors_come_from_the_schema_engine(changes, error):
+    """The document is declared (JobDocument, Layer, FlowEntry) and built by hostapps/schema.py,
+    the engine of the specs and the host apps' command line: typos get the close name."""
+    with pytest.raises(SchemaError) as err:
+        parse_job(job_doc(**changes))
+    assert str(err.value) == error
+
+
 @given(st.lists(st.none() | st.tuples(st.integers(1, 65535), st.integers(1, 65535)), max_size=6))
 def test_job_mark_count_is_the_number_of_rewrites(ranges):
     flows = [flow_doc() if r is None else flow_doc(dport_range=sorted(r)) for r in ranges]
@@ -198,7 +215,7 @@ def test_job_mark_count_is_the_number_of_rewrites(ranges):
 
 
 def test_job_document_must_be_an_object():
-    with pytest.raises(ValueError, match=r"^job: expected an object"):
+    with pytest.raises(ValueError, match=r"^document: .* is not allowed \(a mapping with keys job, policy, "):
         parse_job([job_doc()])
 
 
@@ -260,7 +277,7 @@ def test_rest_jobs(controller_rest):
 @pytest.mark.parametrize("body, field", [
     (b"{not json", "body: not JSON (Expecting property name"),
     (job_doc(policy="x"), "policy: "),
-    (job_doc(flows=[flow_doc(dport_range=[2, 1])]), "flows[0].dport_range: "),
+    (job_doc(flows=[flow_doc(dport_range=[2, 1])]), "flows.0.dport_range: "),
 ])
 def test_rest_job_errors(controller_rest, body, field):
     status, answer = controller_rest("/jobs", "POST", body)
