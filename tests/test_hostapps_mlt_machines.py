@@ -11,7 +11,7 @@ from hostapps.mlt import MltOptions, MltStats, wire
 from hostapps.mlt.pacing import LINK_SHARE, PACING_BURST_S, HostPacer
 from hostapps.mlt.peers import Peers
 from hostapps.mlt.receiver import ACTIVE_WINDOW_S, Delivery, Receiver, Reply
-from hostapps.mlt.sender import LE_DSCP, MAX_RTO_S, RTO_S, Emission, Failure, Outgoing, Sender
+from hostapps.mlt.sender import LE_DSCP, MAX_RTO_S, MIN_RTO_S, RTO_S, Emission, Failure, Outgoing, Sender
 from hostapps.transport import MessageKey, Peer
 
 SENDER, RECEIVER, OTHER = Peer("worker", 0), Peer("server", 0), Peer("worker", 1)
@@ -249,7 +249,34 @@ def test_a_lost_last_fragment_is_probed_after_the_rto_which_doubles():
     assert message.probe_at == pytest.approx(3 * RTO_S)  # the next after twice the RTO
     machine.tick(3 * RTO_S)
     drain(machine, now=3 * RTO_S)
-    assert message.probe_at == pytest.approx(3 * RTO_S + 4 * RTO_S) and message.rto <= MAX_RTO_S
+    assert message.probe_at == pytest.approx(3 * RTO_S + 4 * RTO_S) and machine.rto(message) <= MAX_RTO_S
+
+
+def test_the_rto_follows_the_peers_feedback_delay_within_its_bounds():
+    """A message is probed after its peer's smoothed feedback delay plus 4 times its variation
+    (RFC 6298), between MIN_RTO_S and RTO_S, not after a fixed 100 ms; feedback after a probe is not
+    timed (it may answer the pass)."""
+    machine = sender()
+    for k, delay in enumerate([0.004, 0.012, 0.008]):  # three NACKed passes, answered after these delays
+        key = MessageKey(k, 1, 0)
+        message = submit(machine, key=key)
+        first_pass(machine, message, now=float(k))
+        machine.on_feedback(RECEIVER, nack(MESSAGE, [1], key=key), now=k + delay)
+        drain(machine, now=k + delay)
+    # smoothed 4 -> 5 -> 5.375 ms, variation 2 -> 3.5 -> 3.375 ms: 5.375 + 4 x 3.375 = 18.875 ms
+    assert machine.rto(message) == pytest.approx(0.018875)
+    probe_at = message.probe_at
+    assert probe_at == pytest.approx(2 + 0.008 + 0.018875)
+    machine.tick(probe_at)
+    drain(machine, now=probe_at)
+    assert message.backoff == 1 and machine.rto(message) == pytest.approx(2 * 0.018875)
+    machine.on_feedback(RECEIVER, nack(MESSAGE, [1], key=message.key), now=probe_at + 0.5)  # late: not a sample
+    assert machine.rto(message) == pytest.approx(0.018875)
+    fast = sender()
+    quick = submit(fast)
+    first_pass(fast, quick, now=0.0)
+    fast.on_feedback(RECEIVER, nack(MESSAGE, [1]), now=0.0001)
+    assert fast.rto(quick) == MIN_RTO_S  # a loopback answer is no reason to probe within a thread switch
 
 
 def test_a_message_unacknowledged_for_the_timeout_fails_its_peer_and_feedback_defers_that():

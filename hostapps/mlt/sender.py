@@ -13,9 +13,12 @@ agreements); its DATA datagrams tell the receiver how many of its bytes it must 
 answered with just enough of the fragments it names to bring the message within its bound, 0 for
 an exact one (unmarked ones first); a message that hears nothing for its RTO after a pass has its
 last fragment re-sent (a probe, which makes the receiver ACK or NACK it), with the RTO doubling up
-to MAX_RTO_S; one that hears nothing for the timeout fails its peer.  Drop marking sends the least
-important fragments of a worker's first pass of a message that tolerates loss as lower-effort
-(LE_DSCP).  docs/mlt.md has the protocol.
+to MAX_RTO_S; one that hears nothing for the timeout fails its peer.  The RTO follows the peer's
+feedback delay (from the end of a pass to its ACK or NACK) as TCP's does its round trip (RFC 6298:
+smoothed delay + 4 x its variation), between MIN_RTO_S and RTO_S: a lost last fragment stalls its
+message for a few round trips, not for a fixed 100 ms.
+Drop marking sends the least important fragments of a worker's first pass of a message that
+tolerates loss as lower-effort (LE_DSCP).  docs/mlt.md has the protocol.
 """
 import itertools
 import math
@@ -32,8 +35,9 @@ from hostapps.mlt.pacing import HostPacer
 from hostapps.transport import MessageKey, Peer, describe_key
 
 LE_DSCP = 1                    # RFC 8622 lower-effort
-RTO_S = 0.1                    # silence after a send pass before the sender probes
-MAX_RTO_S = 1.0
+RTO_S = 0.1                    # silence after a send pass before the sender probes, at most
+MIN_RTO_S = 0.01               # ... and at least: the receiver's thread may sleep one 5 ms switch interval
+MAX_RTO_S = 1.0                # after probes doubled it
 
 
 def fragments_to_resend(missing: np.ndarray, marked: np.ndarray | None, total: int, fragment_bytes: int,
@@ -77,7 +81,8 @@ class Outgoing:
     handed_out: int = 0             # of its first pass
     deadline: float = math.inf      # no feedback by then: the peer is gone
     probe_at: float = math.inf
-    rto: float = RTO_S
+    passed_at: float | None = None  # when its last pass left, until feedback: a feedback delay sample
+    backoff: int = 0                # probes since the last feedback: the RTO doubles with each
     busy: bool = True               # a pass is being sent or waits
     rated: bool = False             # its loss was already fed to the rate control
     released: bool = False          # ACKed, or its peer closed or failed: nothing more to send
@@ -132,6 +137,7 @@ class Sender:
         self.outgoing: dict[tuple[Peer, MessageKey], Outgoing] = {}
         self._passes: dict[Peer, deque[Pass]] = {}  # only peers with a pass waiting
         self._dscp: dict[Peer, int] = {}
+        self._feedback_delay: dict[Peer, tuple[float, float]] = {}  # per peer: smoothed, variation
         self._sequence = itertools.count()
 
     def add_peer(self, peer: Peer) -> None:
@@ -210,7 +216,8 @@ class Sender:
     def pass_sent(self, message: Outgoing, now: float) -> None:
         """A pass has left (or failed): arm the probe timer; the message may be served again."""
         message.busy = False
-        message.probe_at = now + message.rto
+        message.passed_at = now
+        message.probe_at = now + self.rto(message)
         message.deadline = min(message.deadline, now + self.timeout)  # only feedback extends it
 
     def advise(self, peer: Peer, bytes_per_s: float) -> None:
@@ -229,7 +236,9 @@ class Sender:
             self.stats.mismatched += 1  # a bitmap on another grid would name fragments we do not have
             return
         message.deadline = now + self.timeout
-        message.rto = RTO_S
+        if message.passed_at is not None and not message.backoff:  # after a probe, whose answer is it? (Karn)
+            self._sample_delay(peer, now - message.passed_at)
+        message.passed_at, message.backoff = None, 0
         if not message.rated:
             message.rated = True
             self.pacer.rates[peer].on_feedback(1 - datagram.delivered / frame.total if frame.total else 0.0, now)
@@ -255,10 +264,28 @@ class Sender:
                                                       f"{self.timeout:.1f} s"))
             elif now >= message.probe_at and not message.busy:
                 message.busy = True
-                message.rto = min(MAX_RTO_S, 2 * message.rto)
+                message.backoff += 1
                 self.stats.probes += 1
                 self._queue(Pass(message, [message.fragments - 1]))
         return failures
+
+    def rto(self, message: Outgoing) -> float:
+        """How long a message may stay silent after a pass before it is probed."""
+        if message.peer in self._feedback_delay:
+            smoothed, variation = self._feedback_delay[message.peer]
+            base = min(RTO_S, max(MIN_RTO_S, smoothed + 4 * variation))
+        else:
+            base = RTO_S
+        return min(MAX_RTO_S, base * 2 ** message.backoff)
+
+    def _sample_delay(self, peer: Peer, delay: float) -> None:
+        """RFC 6298's estimator, on feedback delays."""
+        if peer not in self._feedback_delay:
+            self._feedback_delay[peer] = (delay, delay / 2)
+            return
+        smoothed, variation = self._feedback_delay[peer]
+        self._feedback_delay[peer] = (0.875 * smoothed + 0.125 * delay,
+                                      0.75 * variation + 0.25 * abs(smoothed - delay))
 
     def forget(self, peer: Peer) -> None:
         """Drop every message kept for `peer` (it closed or failed) and whatever they had left to send."""
