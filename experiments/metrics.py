@@ -34,7 +34,7 @@ PHASE_DELIVERED_COLUMNS = [f"delivered_fraction_{phase}" for phase in PHASES]
 METRIC_COLUMNS = [
     "iter_time_mean_s", "iter_time_p50_s", "iter_time_p99_s", "samples_per_s",
     "final_accuracy", "time_to_accuracy_s", "bytes_sent", "lower_bound_s", "tight_bound_s",
-    "compute_s", "comm_s", "tictac_efficiency", *PHASE_DELIVERED_COLUMNS, "replica_divergence",
+    "compute_s", "comm_s", "tictac_efficiency", "straggler_s", *PHASE_DELIVERED_COLUMNS, "replica_divergence",
     "speedup_vs_baseline", "uplink_imbalance", *FIDELITY_COLUMNS,
 ]
 # TicTac's E is only defined where both parts matter: below this share of the iteration, one of
@@ -126,6 +126,16 @@ def comm_time_s(tensors: pd.DataFrame) -> float:
     return float(added.groupby([steady["rank"], steady["iteration"]]).sum().mean())
 
 
+def straggler_s(iterations: pd.DataFrame) -> float:
+    """TicTac's straggler effect: the spread of the workers' ends of an iteration (last - first),
+    averaged over the steady iterations; NaN with one worker."""
+    steady = _steady(iterations)
+    if steady["rank"].nunique() < 2:
+        return math.nan
+    ends = steady.groupby("iteration")["end_s"]
+    return float((ends.max() - ends.min()).mean())
+
+
 def tensor_time_p99_s(tensors: pd.DataFrame) -> float:
     """99th percentile of single tensor transfer times (any role, any direction)."""
     durations = tensors["end_s"] - tensors["start_s"]
@@ -196,6 +206,7 @@ def run_metrics(iterations: pd.DataFrame, tensors: pd.DataFrame, summaries: pd.D
         "compute_s": compute,
         "comm_s": comm,
         "tictac_efficiency": tictac_efficiency(comm, compute, iter_mean),
+        "straggler_s": straggler_s(iterations),
         # Mean over the process-iterations that received messages of the phase (pandas skips the empty ones).
         **{column: float(iterations[column].mean()) for column in PHASE_DELIVERED_COLUMNS},
     }

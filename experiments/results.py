@@ -220,7 +220,7 @@ def completed_run_ids(out_dir: str | Path, spec: Spec) -> set[str]:
 
 # Columns added to the records after results were already made with them: older results read as
 # empty there, so they still aggregate (each other missing column is an error).
-LATER_COLUMNS = {"delivered_fraction_reduce", "delivered_fraction_gather", "mem_used_mb"}
+LATER_COLUMNS = {"delivered_fraction_reduce", "delivered_fraction_gather", "mem_used_mb", "straggler_s"}
 
 
 def _read_csv(path: Path, columns: list[str]) -> pd.DataFrame:

@@ -19,7 +19,7 @@ from hostapps.files import write_text
 
 COLUMNS = ["scheme", "iter time (s)", "speedup", "samples/s", "final acc", "acc delta", "time-to-acc (s)",
            "p99 tensor (ms)", "delivered fraction", "uplink imbalance", "lower bound (s)", "tight bound (s)",
-           "overlap E", "fidelity"]
+           "overlap E", "straggler (ms)", "fidelity"]
 
 # One line per column (but scheme): what it is and how it is computed.
 LEGEND = [
@@ -45,6 +45,8 @@ LEGEND = [
     f"overlap E: TicTac's efficiency (comm + comp - T) / min(comm, comp) from the measured times; "
     f"empty, with the reason, where communication or compute is below "
     f"{metrics.OVERLAP_SHARE_MIN:.0%} of the iteration.",
+    "straggler: TicTac's straggler effect, the spread between the first and the last worker's end of an "
+    "iteration (the first iteration excluded).",
     f"fidelity: the runs that failed the guard, where the times measure the machine rather than the "
     f"network: machine CPU > {CPU_LIMIT}, ovs-vswitchd's forwarding thread >= {VSWITCHD_THREAD_LIMIT} "
     f"cores, backlogged links below {LINK_RATE_MIN} of their rate, drops outside the class queues "
@@ -137,7 +139,8 @@ def scheme_rows(tables: dict[str, pd.DataFrame], spec: Spec) -> dict[str, pd.Dat
                 _time_to_accuracy(group["time_to_accuracy_s"], group["final_accuracy"]),
                 _number(group["tensor_p99_ms"].mean()), _delivered(group["delivered"], group["delivered_min"]),
                 _number(group["uplink_imbalance"].mean()), _number(group["lower_bound_s"].mean()),
-                _number(group["tight_bound_s"].mean()), _overlap(group), _fidelity(group["fidelity_ok"]),
+                _number(group["tight_bound_s"].mean()), _overlap(group),
+                _number(group["straggler_s"].mean() * 1000), _fidelity(group["fidelity_ok"]),
             ])
         by_mode[str(mode)] = pd.DataFrame(rows, columns=COLUMNS)
     return by_mode

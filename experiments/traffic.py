@@ -2,10 +2,10 @@
 
 The traffic is the job's own, from its layer sizes and mode: ring all-reduce sends 2(n-1)/n of the
 model from each worker to the next; a parameter-server worker pushes each shard its layers (as
-hostapps/collectives.assign_shards places them) and pulls them back. A host pair's bytes split
-evenly over the fabric's shortest paths (what spraying does per packet and ECMP does on average over
-flows; `single` puts each pair on one of them, which only loads links more), framing at the MTU
-included. Background flows, faults and retransmissions are not counted.
+hostapps/collectives.assign_shards places them) and pulls them back (inference: pulls only). A host
+pair's bytes split evenly over the fabric's shortest paths (what spraying does per packet and ECMP
+does on average over flows; `single` puts each pair on one of them, which only loads links more),
+framing at the MTU included. Background flows, faults and retransmissions are not counted.
 
 Two bounds beside metrics.comm_lower_bound_s (the fluid one: host links only, equal shards):
 - link_bound_s: the busiest link direction of the whole fabric, host links at host_bw and switch
@@ -13,7 +13,7 @@ Two bounds beside metrics.comm_lower_bound_s (the fluid one: host links only, eq
 - tail_comm_s: what must still cross after the last gradient is computed: the front layer (ready
   last in backprop, needed first in the next forward pass) pushed by every worker into its shard,
   and pulled back by every worker once all are in (PS; when sliced, only the last slice's pull
-  waits), or reduced around the ring (all-reduce).
+  waits; inference pulls only), or reduced around the ring (all-reduce).
 metrics.run_metrics combines them with the measured compute: max(link bound, compute + tail).
 """
 from __future__ import annotations
@@ -47,7 +47,8 @@ def host_traffic(run: Run, sizes: Sequence[int]) -> dict[Direction, float]:
         for shard, server in enumerate(servers):
             shard_bytes = sum(size for size, owner in zip(sizes, owners) if owner == shard) * wire
             for worker in workers:
-                traffic[worker, server] += shard_bytes
+                if run.job.task == "train":  # inference pulls only
+                    traffic[worker, server] += shard_bytes
                 traffic[server, worker] += shard_bytes
     return dict(traffic)
 
@@ -127,5 +128,6 @@ def tail_comm_s(run: Run, sizes: Sequence[int]) -> float:
     front, n = sizes[0], len(config.worker_hosts)
     if job.mode == "ps":
         pulled = min(front, job.ps_slice_bytes) if job.ps_slice_bytes else front
-        return n * (front + pulled) * seconds_per_byte
+        pushed = front if job.task == "train" else 0
+        return n * (pushed + pulled) * seconds_per_byte
     return 2 * (n - 1) / n * front * seconds_per_byte

@@ -201,6 +201,12 @@ def ps_key(iteration: int, tensor: int, part: int, direction: int) -> MessageKey
     return MessageKey(iteration, tensor, 2 * part + direction)
 
 
+def ps_request_key(iteration: int, layers: int) -> MessageKey:
+    """An inference worker's request for iteration's parameters (what starts their return, as a TensorFlow
+    worker's receive ops do): a PS push of the tensor after the model's `layers`."""
+    return ps_key(iteration, layers, 0, PS_PUSH)
+
+
 def assign_shards(sizes: Sequence[int], shards: int) -> list[int]:
     """Shard of each tensor, balancing bytes: largest tensor first onto the least-loaded shard."""
     load = [0] * shards

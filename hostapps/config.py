@@ -18,6 +18,10 @@ from hostapps.send_orders import SEND_ORDERS, resolve, send_order_names
 from hostapps.transport import Address
 
 MODES = ("allreduce", "ps")
+TASKS = ("train", "inference")
+# When a parameter-server shard steps and returns a tensor: as soon as every worker pushed it, or, as
+# TensorFlow's PS does, once the whole iteration's gradients are in (every parameter at once).
+PS_UPDATES = ("tensor", "iteration")
 TRANSPORTS = ("tcp", "mlt")
 ROLES = ("worker", "server")
 U32 = 2**32 - 1        # the frame header's job field; numpy's and scikit-learn's largest seed
@@ -71,6 +75,7 @@ class Model:
 class Training:
     """The knobs of a training job, the same in every process."""
     mode: str = knob("allreduce", choices=lambda: MODES)
+    task: str = knob("train", choices=lambda: TASKS)
     model: Model = section(Model)
     iterations: int = knob(60, "an integer 1..10000", lambda n: 1 <= n <= 10_000)
     batch: int = knob(48, "an integer 1..4096 (global batch, split evenly over the workers)", lambda n: 1 <= n <= 4096)
@@ -90,6 +95,7 @@ class Training:
     ps_slice_bytes: int = knob(0, f"0 or a multiple of 4 in {PIECE_BYTES} (ps: each layer pushed and pulled in "
                                "slices of at most this size, as P3; 0: whole layers; allreduce ignores it)",
                                lambda n: n == 0 or (_piece(n) and n % 4 == 0))
+    ps_update: str = knob("tensor", choices=lambda: PS_UPDATES)
     eval_every: int = knob(10, "an integer >= 0 (iterations; 0: only at the end)", lambda n: n >= 0)
 
     @property
@@ -111,6 +117,10 @@ def check_training(job: Training, label: Callable[[str], str], error: type[Schem
     if job.drop_marking and job.loss_bound == 0:
         raise error(label("drop_marking"), f"true is not allowed (false unless {label('loss_bound')} > 0 with "
                     "transport mlt)")
+    for name, value, default in (("task", job.task, "train"), ("ps_update", job.ps_update, "tensor")):
+        if value != default and job.mode != "ps":
+            raise error(label(name), f"{value!r} is not allowed ({default} unless {label('mode')} ps: an "
+                        "all-reduce job has no parameter server)")
     order = job.send_order
     if order in SEND_ORDERS and job.mode not in SEND_ORDERS[order].modes:
         right = [name for name, cls in SEND_ORDERS.items() if job.mode in cls.modes and name != "ready"]

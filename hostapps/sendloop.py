@@ -29,11 +29,13 @@ class SendQueue:
         self._taken = 0
         self._done = 0
 
-    def put(self, unit: Unit) -> None:
+    def put(self, *units: Unit) -> None:
+        """Make units ready, all at once: the send order picks among all of them."""
         with self._cond:
-            self._ready.append((self._arrivals, unit))
-            self._arrivals += 1
-            self._order.became_ready(unit, time.monotonic())
+            for unit in units:
+                self._ready.append((self._arrivals, unit))
+                self._arrivals += 1
+                self._order.became_ready(unit, time.monotonic())
             self._cond.notify_all()
 
     def _wait_for_units(self) -> None:

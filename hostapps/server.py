@@ -8,6 +8,13 @@ send thread per worker picks the order with the --send-order.  With
 slicing): it is averaged, stepped and returned on its own, so the return of
 early slices overlaps the push of later ones on the full-duplex link.
 
+With --ps-update iteration the shard keeps TensorFlow's semantics instead: it steps every tensor once
+the iteration's last gradient is in, so all of them become ready at once and the send order alone
+decides which the next forward pass gets first (TicTac's setting).  With --task inference there are
+no gradients: each worker asks for an iteration's parameters (ps_request_key) when it starts it, and
+gets every parameter of the shard back in the send order; workers run free, one iteration apart at
+most (the shard serves iteration t+1's requests once every worker asked for t).
+
 Under a loss bound pushes tolerate loss and pulls are exact (collectives.ring_allreduce says why).
 Every push is one worker's contribution, so a short one is cheap to account for exactly: each
 element is averaged over the contributions that arrived (a per-element count, kept only for a
@@ -19,7 +26,8 @@ import numpy as np
 
 from hostapps import timing
 from hostapps.assembly import connect_transport, largest_message_bytes
-from hostapps.collectives import PS_PULL, PS_PUSH, assign_shards, float_parts, ps_key, ps_phase
+from hostapps.collectives import (PS_PULL, PS_PUSH, assign_shards, float_parts, ps_key, ps_phase,
+                                  ps_request_key)
 from hostapps.config import ProcessConfig, build_model
 from hostapps.model import FlatModel, Sgd
 from hostapps.send_orders import Unit, make_send_order, time_oracle
@@ -38,6 +46,7 @@ class ParameterShard:
         self.workers = [Peer("worker", r) for r in range(cfg.world)]
         # Flat-buffer slices of each owned tensor, cut as the workers cut them (one when unsliced).
         self.slices = {t: float_parts(model.layer_slice((t,)), cfg.ps_slice_bytes) for t in self.tensors}
+        self.request_tensor = len(model.layers)
         self.sgd = Sgd(cfg.lr, cfg.momentum, model.params.size)
         largest = max(where.stop - where.start for parts in self.slices.values() for where in parts)
         self.scratch = np.empty(largest, dtype=np.float32)
@@ -59,8 +68,17 @@ class ParameterShard:
             if sender.error is not None:
                 raise sender.error
 
+    def _unit(self, iteration: int, tensor: int, part: int) -> Unit:
+        where = self.slices[tensor][part]
+        return Unit(iteration, tensor, (tensor,), (where.stop - where.start) * 4, part, len(self.slices[tensor]))
+
     def serve_iteration(self, iteration: int) -> float:
-        """Aggregate, step and return every owned slice of one iteration; return the compute seconds."""
+        """Aggregate, step and return every owned slice of one iteration (inference: return them on
+        request); return the compute seconds."""
+        if self.cfg.task == "inference":
+            self._serve_requests(iteration)
+            return 0.0
+        stepped: list[Unit] = []  # with --ps-update iteration, returned once all are
         slice_of = {ps_key(iteration, t, part, PS_PUSH): (t, part)
                     for t in self.tensors for part in range(len(self.slices[t]))}
         pending = {(worker, key) for worker in self.workers for key in slice_of}
@@ -91,9 +109,15 @@ class ParameterShard:
                 else:
                     grad *= np.float32(1.0 / len(self.workers))
                 self.sgd.step(where, self.model.params, self.model.grads)
-                for sender in self.senders:
-                    sender.queue.put(Unit(iteration, t, (t,), int(grad.nbytes), part, len(self.slices[t])))
+                unit = self._unit(iteration, t, part)
+                if self.cfg.ps_update == "tensor":
+                    for sender in self.senders:
+                        sender.queue.put(unit)
+                else:
+                    stepped.append(unit)
             compute_s += time.time() - start
+        for sender in self.senders:
+            sender.queue.put(*stepped)
         for worker, sender in zip(self.workers, self.senders):
             if not sender.queue.join(self.cfg.timeout):
                 self._check()
@@ -101,6 +125,22 @@ class ParameterShard:
                                      f"within {self.cfg.timeout:.1f} s")
         self._check()
         return compute_s
+
+    def _serve_requests(self, iteration: int) -> None:
+        """Queue every owned slice of `iteration` for each worker as its request arrives, back layers
+        first (the order training's backprop would have made them ready: `ready` is not front first)."""
+        units = [self._unit(iteration, t, part) for t in reversed(self.tensors) for part in range(len(self.slices[t]))]
+        key = ps_request_key(iteration, self.request_tensor)
+        pending = {(worker, key) for worker in self.workers}
+        while pending:
+            self._check()
+            worker, _ = self.transport.wait_any(pending)
+            pending.remove((worker, key))
+            self.transport.recv(worker, key, out=self.scratch[:1])
+            self.senders[worker.rank].queue.put(*units)
+
+    def tensor_names(self) -> dict[int, tuple[str, str]]:
+        return {**self.model.layer_tensor_names(), self.request_tensor: ("request", "")}
 
     def close(self) -> None:
         for sender in self.senders:
@@ -133,5 +173,5 @@ def run_server(cfg: ProcessConfig) -> dict:
                    transport=transport.counters(), timing=timing.summary(),
                    wall_time_s=time.time() - wall_start)
     if cfg.out:
-        recorder.write(cfg.out, model.layer_tensor_names(), summary, lambda tensor, step: ps_phase(step))
+        recorder.write(cfg.out, shard.tensor_names(), summary, lambda tensor, step: ps_phase(step))
     return {**summary, "model": model, "recorder": recorder}

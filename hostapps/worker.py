@@ -3,7 +3,8 @@
 Wait-free backprop: backward hands each layer's gradient to the comm thread
 the moment it is computed, and the next iteration's forward of a layer waits
 only for that layer's new parameters (all-reduced and stepped locally, or
-pulled from its parameter-server shard).
+pulled from its parameter-server shard).  An inference job (PS mode) runs the forward pass only, each
+layer waiting for the parameters the iteration pulls.
 """
 import os
 import threading
@@ -14,7 +15,7 @@ import numpy as np
 
 from hostapps import timing
 from hostapps.collectives import (GATHER, PS_PULL, PS_PUSH, Segment, assign_shards, chunk_bounds, float_parts,
-                                  max_segments, pipelined_ring_allreduce, ps_key, ps_phase, ring_min,
+                                  max_segments, pipelined_ring_allreduce, ps_key, ps_phase, ps_request_key, ring_min,
                                   ring_neighbours, ring_phase, ring_step_count, split_bytes)
 from hostapps.assembly import connect_transport, largest_message_bytes, plan_pieces
 from hostapps.config import ProcessConfig, build_model
@@ -46,6 +47,9 @@ class GradientSync:
 
     def communicate(self, units: list[Unit]) -> None:
         raise NotImplementedError
+
+    def start_iteration(self, iteration: int) -> None:
+        """Called before each iteration's forward pass; nothing by default."""
 
     def gradient_ready(self, iteration: int, layer: int) -> None:
         raise NotImplementedError
@@ -200,6 +204,31 @@ class PushPullSync(GradientSync):
         return ps_phase(step)
 
 
+class InferencePull(PushPullSync):
+    """Inference at a parameter server: no gradients; each iteration asks every shard for its parameters as
+    it starts (a TensorFlow worker's receive ops), and each layer's forward waits for that iteration's pull."""
+
+    def __init__(self, cfg: ProcessConfig, transport: Transport, model: FlatModel, recorder: Recorder):
+        super().__init__(cfg, transport, model, recorder)
+        self.request_tensor = len(model.layers)
+        self.shards = [Peer("server", s) for s in range(len(cfg.servers))]
+
+    def start_iteration(self, iteration: int) -> None:
+        self.check()
+        for shard in self.shards:
+            self.transport.send(shard, ps_request_key(iteration, self.request_tensor), np.zeros(1, np.float32))
+
+    def wait_params(self, iteration: int, layer: int) -> None:
+        # Iteration t reads the parameters pulled for t itself (training reads those stepped in t - 1).
+        super().wait_params(iteration + 1, layer)
+
+    def wait_all(self, iteration: int) -> None:
+        """Every parameter an iteration pulls is in when its forward pass ends."""
+
+    def tensor_names(self) -> dict[int, tuple[str, str]]:
+        return {**super().tensor_names(), self.request_tensor: ("request", "")}
+
+
 def write_model(path: str, model: FlatModel) -> None:
     """Final parameters, one flat float32 array per layer, keyed by layer name."""
     with atomic_open(path, "wb") as file:
@@ -215,18 +244,22 @@ def run_worker(cfg: ProcessConfig, on_iteration: Callable[[int], None] | None = 
     batches = ShardedBatches(split, cfg.batch, cfg.rank, cfg.world, cfg.seed) if split else None
     recorder = Recorder(cfg.job, "worker", cfg.rank)
     transport = connect_transport(cfg, recorder, largest_message_bytes(cfg, model))
-    sync = (AllReduceSync if cfg.mode == "allreduce" else PushPullSync)(cfg, transport, model, recorder)
+    inference = cfg.task == "inference"
+    sync = (AllReduceSync if cfg.mode == "allreduce" else InferencePull if inference else PushPullSync)(
+        cfg, transport, model, recorder)
     accuracy = None
     try:
         for it in range(cfg.iterations):
             start = time.time()
             sync.wait_s = 0.0
+            sync.start_iteration(it)
             with recorder.span(f"forward {it}", "compute"):
                 loss = model.forward(batches.batch(it) if batches else None,
                                      lambda layer: sync.wait_params(it, layer))
-            with recorder.span(f"backward {it}", "compute"):
-                for layer in model.backward():
-                    sync.gradient_ready(it, layer)
+            if not inference:
+                with recorder.span(f"backward {it}", "compute"):
+                    for layer in model.backward():
+                        sync.gradient_ready(it, layer)
             last = it == cfg.iterations - 1
             if last:
                 sync.wait_all(it)  # the last iteration ends when its parameters are in

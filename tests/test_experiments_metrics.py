@@ -80,6 +80,18 @@ def test_iteration_times_use_last_worker_completion_and_skip_first_iteration():
     assert math.isnan(metrics.time_to_accuracy_s(iterations, 0.99))
 
 
+def test_straggler_is_the_mean_spread_of_worker_ends_over_steady_iterations():
+    iterations = _iterations([
+        ("worker", 0, 0, 100.0, 105.0, 1, None), ("worker", 1, 0, 100.0, 109.0, 1, None),  # first: skipped
+        ("worker", 0, 1, 109.0, 110.0, 1, None), ("worker", 1, 1, 109.0, 110.5, 1, None),
+        ("worker", 2, 1, 109.0, 110.25, 1, None),
+        ("worker", 0, 2, 110.5, 112.0, 1, None), ("worker", 1, 2, 110.5, 111.5, 1, None),
+        ("server", 0, 2, 100.0, 200.0, 0, None),  # servers are not workers
+    ])
+    assert metrics.straggler_s(iterations) == pytest.approx((0.5 + 0.5) / 2)
+    assert math.isnan(metrics.straggler_s(iterations[iterations["rank"] == 0]))
+
+
 def test_comm_time_is_mean_time_a_worker_iteration_had_transfers_in_flight():
     tensors = pd.DataFrame([
         ("worker", 0, 0, 0.0, 9.0),                                    # first iteration: ignored

@@ -151,8 +151,8 @@ def test_runs_csv_has_exactly_the_contract_columns(runs):
         "run_id", "scheme", "rep", "mode", "lb", "sched", "transport", "loss_bound", "workers", "iterations",
         "iter_time_mean_s", "iter_time_p50_s", "iter_time_p99_s", "samples_per_s", "final_accuracy",
         "time_to_accuracy_s", "bytes_sent", "lower_bound_s", "tight_bound_s", "compute_s", "comm_s",
-        "tictac_efficiency", "delivered_fraction_reduce", "delivered_fraction_gather", "replica_divergence",
-        "speedup_vs_baseline",
+        "tictac_efficiency", "straggler_s", "delivered_fraction_reduce", "delivered_fraction_gather",
+        "replica_divergence", "speedup_vs_baseline",
         "uplink_imbalance", "cpu_util_mean", "vswitchd_thread_util_mean", "link_rate_frac",
         "class_queue_drops_pkts", "outside_queue_drops_pkts", "app_lag_ms_p99", "fidelity_ok",
         "fidelity_reason", "faults", "data_gaps"]
@@ -334,8 +334,9 @@ def test_summary_has_a_table_per_mode_and_notes(out):
     assert [cell.strip() for cell in header.strip("|").split("|")] == [
         "scheme", "iter time (s)", "speedup", "samples/s", "final acc", "acc delta", "time-to-acc (s)",
         "p99 tensor (ms)", "delivered fraction", "uplink imbalance", "lower bound (s)", "tight bound (s)",
-        "overlap E", "fidelity"]
+        "overlap E", "straggler (ms)", "fidelity"]
     baseline, baseline_ps = _summary_rows(lines, "scheme=baseline")
+    assert baseline["straggler (ms)"] == "0"                # every worker ends each iteration at once
     assert baseline["iter time (s)"] == "0.525 ± 0.0354"   # over the two repetitions
     assert (baseline["lower bound (s)"], baseline["tight bound (s)"]) == ("0.3", "0.35")
     assert baseline["p99 tensor (ms)"] == "150"

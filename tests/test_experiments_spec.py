@@ -75,6 +75,11 @@ MALFORMED = [
      "job.drop_marking: true is not allowed (false unless job.loss_bound > 0 with transport mlt)"),
     ("job: {drop_marking: 1}", "job.drop_marking: 1 is not allowed (true or false (transport mlt with "
                                "loss_bound > 0))"),
+    ("job: {task: inference}", "job.task: 'inference' is not allowed (train unless job.mode ps: an all-reduce "
+                               "job has no parameter server)"),
+    ("job: {ps_update: iteration}", "job.ps_update: 'iteration' is not allowed (tensor unless job.mode ps: an "
+                                    "all-reduce job has no parameter server)"),
+    ("job: {mode: ps, task: serve}", "job.task: 'serve' is not allowed (one of train, inference)"),
     ("job: {mode: allreduce, send_order: tac}",
      "job.send_order: 'tac' is not allowed (ready, best or caramel, bytescheduler in allreduce mode)"),
     ("job: {mode: ps, send_order: caramel}",
@@ -267,7 +272,7 @@ def test_empty_spec_is_one_run_of_defaults():
 
 
 @pytest.mark.parametrize("name,runs", [("smoke", 2), ("default", 18), ("headline", 42), ("loss_sweep", 12),
-                                       ("tictac", 12)])
+                                       ("tictac", 24)])
 def test_shipped_specs_are_valid(name, runs):
     spec = load_spec(REPO / "experiments" / f"{name}.yaml")
     assert spec.name == name

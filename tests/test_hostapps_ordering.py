@@ -4,10 +4,10 @@ import pytest
 
 from hostapps.collectives import (MAX_PS_SLICES, PS_PULL, PS_PUSH, Segment, float_parts, make_buckets,
                                   pipelined_ring_allreduce, ps_key, ring_neighbours, ring_step_count)
-from hostapps.config import ConfigError, Model, ProcessConfig
-from hostapps.profiles import PROFILES, Op
+from hostapps.config import ConfigError, Model, ProcessConfig, build_model
+from hostapps.profiles import PROFILES, Op, ProfileModel
 from hostapps.send_orders import (TimeOracle, Unit, make_send_order, needed_at, tac_order, tic_priorities,
-                                  transfer_dependencies)
+                                  time_oracle, transfer_dependencies)
 from hostapps.sendloop import SendQueue
 from hostapps.transport import MessageKey, Peer
 from helpers.loopback import connect_mesh, run_threads
@@ -263,6 +263,52 @@ def test_profile_job_with_tac_and_bytescheduler_runs(loopback_addresses):
     assert sliced[0]["iterations"] == 3
     partitioned = run_job(loopback_addresses, 2, send_order="bytescheduler", partition_bytes=1024, **profile)
     assert partitioned[0]["iterations"] == 3
+
+
+def _arrival_orders(summary: dict, iterations: range) -> list[list[int]]:
+    """Per iteration, the parameter tensors a worker received, in the order they arrived."""
+    received = [m for m in summary["recorder"].messages if m.direction == "recv"]
+    return [[m.tensor for m in sorted((m for m in received if m.iteration == it), key=lambda m: m.end_s)]
+            for it in iterations]
+
+
+@pytest.mark.parametrize("policy", ["random", "tic", "tac"])
+@pytest.mark.parametrize("task", ["train", "inference"])
+def test_tensorflow_semantics_return_every_parameter_at_once_in_the_send_order(loopback_addresses, task, policy):
+    # --ps-update iteration (training) and inference make the shard's parameters ready all at once, so the
+    # order they reach a worker is the send order's plan alone: TIC's and TAC's on ResNet-50's DAG.
+    profile = Model("resnet50", scale=0.001)
+    summaries = run_job(loopback_addresses, 2, "ps", 1, model=profile, iterations=3, eval_every=0,
+                        ps_update="iteration", task=task, send_order=policy)
+    model = ProfileModel(PROFILES["resnet50"](), 0.001, 100.0)
+    oracle = time_oracle(model, 100.0)
+    plan = {"tic": sorted(range(len(model.layers)), key=lambda t: (tic_priorities(oracle.graph)[t], t)),
+            "tac": tac_order(oracle.graph, oracle.forward_s, oracle.transfer_s)}
+    pulled = range(1, 3) if task == "train" else range(3)  # training's iteration 0 starts from the seed
+    orders = _arrival_orders(summaries[0], pulled)
+    for order in orders:
+        assert sorted(order) == list(range(len(model.layers)))  # every parameter, once
+        if policy in plan:
+            assert order == plan[policy]
+        else:
+            assert order != sorted(order) and order != sorted(order, reverse=True)
+    if policy == "random":
+        assert orders[0] != orders[1]
+
+
+def test_inference_pulls_the_parameters_each_iteration_asks_for_and_changes_none(loopback_addresses):
+    options = dict(iterations=3, batch=32, model=Model(width=64, depth=2))
+    untrained = build_model(ProcessConfig(role="worker", rank=0, workers=[("127.0.0.1", 1)], **options))
+    summaries = run_job(loopback_addresses, 2, "ps", 2, task="inference", **options)
+    layers = len(untrained.layers)
+    for summary in summaries:
+        assert np.array_equal(summary["model"].params, untrained.params)
+        assert summary["final_accuracy"] == summaries[0]["final_accuracy"]
+        sent = summary["recorder"].messages
+        # Only requests go up: one per shard and iteration, under the tensor after the model's last.
+        assert sorted((m.iteration, m.tensor, m.peer) for m in sent if m.direction == "send") == [
+            (it, layers, f"server{s}") for it in range(3) for s in range(2)]
+        assert [sorted(order) for order in _arrival_orders(summary, range(3))] == [list(range(layers))] * 3
 
 
 @pytest.mark.parametrize("mode, policy", [("allreduce", "tac"), ("ps", "caramel"), ("ps", "bytescheduler")])
