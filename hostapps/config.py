@@ -22,6 +22,8 @@ TASKS = ("train", "inference")
 # When a parameter-server shard steps and returns a tensor: as soon as every worker pushed it, or, as
 # TensorFlow's PS does, once the whole iteration's gradients are in (every parameter at once).
 PS_UPDATES = ("tensor", "iteration")
+# The order backprop runs a profile's layers in: reversed, as frameworks do, or Caramel's reordering.
+BACKWARD_ORDERS = ("reverse", "caramel")
 TRANSPORTS = ("tcp", "mlt")
 ROLES = ("worker", "server")
 U32 = 2**32 - 1        # the frame header's job field; numpy's and scikit-learn's largest seed
@@ -96,6 +98,7 @@ class Training:
                                "slices of at most this size, as P3; 0: whole layers; allreduce ignores it)",
                                lambda n: n == 0 or (_piece(n) and n % 4 == 0))
     ps_update: str = knob("tensor", choices=lambda: PS_UPDATES)
+    backward: str = knob("reverse", choices=lambda: BACKWARD_ORDERS)
     eval_every: int = knob(10, "an integer >= 0 (iterations; 0: only at the end)", lambda n: n >= 0)
 
     @property
@@ -117,6 +120,9 @@ def check_training(job: Training, label: Callable[[str], str], error: type[Schem
     if job.drop_marking and job.loss_bound == 0:
         raise error(label("drop_marking"), f"true is not allowed (false unless {label('loss_bound')} > 0 with "
                     "transport mlt)")
+    if job.backward != "reverse" and job.model.profile is None:
+        raise error(label("backward"), f"{job.backward!r} is not allowed (reverse unless {label('model')} is a "
+                    "profile: the numpy network is a chain, its backprop has no order to choose)")
     for name, value, default in (("task", job.task, "train"), ("ps_update", job.ps_update, "tensor")):
         if value != default and job.mode != "ps":
             raise error(label(name), f"{value!r} is not allowed ({default} unless {label('mode')} ps: an "
@@ -242,6 +248,8 @@ def build_model(cfg: ProcessConfig) -> FlatModel:
     """The model a run names, initialised from the seed: identical in every process of the job."""
     if cfg.model.profile is not None:
         model: FlatModel = ProfileModel(PROFILES[cfg.model.profile](), cfg.model.scale, cfg.link_mbps)
+        if cfg.backward == "caramel":
+            model.reorder_backward()
     else:
         model = Network(cfg.model.width, cfg.model.depth, cfg.model.conv, cfg.seed)
     if cfg.mode == "ps" and len(cfg.servers) > len(model.layers):

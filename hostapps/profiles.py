@@ -34,14 +34,16 @@ the communication threads as a GPU would.
 A profile may carry its forward DAG (`Profile.graph`, ResNet-50's has the
 shortcut branches): ops, the ops whose outputs each reads and the parameter
 tensors (profile layers) each reads, which TicTac's send orders rank
-transfers by (hostapps/send_orders.py).  An op's compute is its layers'
+transfers by (hostapps/send_orders.py), and Caramel's computation reordering
+runs backprop by (`caramel_backward_order`, job knob `backward`).  An op's compute is its layers'
 forward time; parameter-free ops (a residual add) take none, since the
 published time is split over the parametrized layers.  Without a graph a
 profile is the chain of its layers.
 """
+import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 from hostapps.model import BeforeLayer, FlatModel
 from hostapps.timing import sleep_for
@@ -196,6 +198,35 @@ PROFILES: dict[str, Callable[[], Profile]] = {
 }
 
 
+def caramel_backward_order(graph: Sequence[Op], backward_s: Sequence[float], sizes: Sequence[int]) -> list[int]:
+    """Caramel's computation reordering (Wang et al., 2020): backprop may run any op once every op reading
+    its output has run; among those, the one readying the most gradient bytes per second of its compute
+    goes first, so gradients reach the network sooner.  Returns the layers in the order their gradients
+    become ready.  Parameter-free ops (a residual add) only pass the gradient on and go at once; ties keep
+    the reversed layer order, so a chain, which leaves no choice, is unchanged."""
+    readers = [0] * len(graph)
+    for op in graph:
+        for i in op.inputs:
+            readers[i] += 1
+    ready = [i for i, count in enumerate(readers) if count == 0]
+    order: list[int] = []
+
+    def bytes_per_second(i: int) -> float:
+        params = graph[i].params
+        seconds = sum(backward_s[p] for p in params)
+        return math.inf if not params or seconds == 0 else sum(sizes[p] for p in params) / seconds
+
+    while ready:
+        op = max(ready, key=lambda i: (bytes_per_second(i), i))
+        ready.remove(op)
+        order += sorted(graph[op].params, reverse=True)
+        for i in graph[op].inputs:
+            readers[i] -= 1
+            if readers[i] == 0:
+                ready.append(i)
+    return order
+
+
 def compute_scale(scale: float, link_mbps: float) -> float:
     """Factor on published times that keeps compute/communication at the emulated link rate."""
     return scale * REFERENCE_LINK_GBPS * 1000.0 / link_mbps
@@ -216,7 +247,13 @@ class ProfileModel(FlatModel):
         factor = compute_scale(scale, link_mbps)
         self.forward_s = [profile.forward_s * factor * layer.flops / total_flops for layer in profile.layers]
         self.backward_s = [profile.backward_s * factor * layer.flops / total_flops for layer in profile.layers]
+        self.backward_order = list(reversed(range(len(self.layers))))  # the order frameworks run backprop
         self._clock = 0.0
+
+    def reorder_backward(self) -> None:
+        """Run backprop in Caramel's order on the profile's DAG (a chain keeps the reversed order)."""
+        graph = self.profile.graph or chain_graph(len(self.layers))
+        self.backward_order = caramel_backward_order(graph, self.backward_s, [layer.size for layer in self.layers])
 
     def _compute(self, seconds: float) -> None:
         # Sleep to a running deadline so that many short layers do not accumulate oversleep.
@@ -232,7 +269,7 @@ class ProfileModel(FlatModel):
             self._compute(seconds)
 
     def backward(self) -> Iterator[int]:
-        for i in reversed(range(len(self.layers))):
+        for i in self.backward_order:
             self._compute(self.backward_s[i])
             self.layer_grads(i).fill(EMULATED_GRADIENT)
             yield i

@@ -79,6 +79,8 @@ MALFORMED = [
                                "job has no parameter server)"),
     ("job: {ps_update: iteration}", "job.ps_update: 'iteration' is not allowed (tensor unless job.mode ps: an "
                                     "all-reduce job has no parameter server)"),
+    ("job: {backward: caramel}", "job.backward: 'caramel' is not allowed (reverse unless job.model is a profile: "
+                                 "the numpy network is a chain, its backprop has no order to choose)"),
     ("job: {mode: ps, task: serve}", "job.task: 'serve' is not allowed (one of train, inference)"),
     ("job: {mode: allreduce, send_order: tac}",
      "job.send_order: 'tac' is not allowed (ready, best or caramel, bytescheduler in allreduce mode)"),
@@ -271,12 +273,19 @@ def test_empty_spec_is_one_run_of_defaults():
     assert run.config.worker_hosts == ["h1", "h2", "h3", "h4"] and run.config.server_hosts == []
 
 
-@pytest.mark.parametrize("name,runs", [("smoke", 2), ("default", 18), ("headline", 42), ("loss_sweep", 12),
-                                       ("tictac", 24)])
+SHIPPED_SPEC_RUNS = {"smoke": 2, "default": 18, "headline": 42, "headline_contended": 18, "loss_sweep": 12,
+                     "tictac": 24, "caramel": 9, "lossy_allreduce": 6, "scale": 6}
+
+
+@pytest.mark.parametrize("name,runs", SHIPPED_SPEC_RUNS.items())
 def test_shipped_specs_are_valid(name, runs):
     spec = load_spec(REPO / "experiments" / f"{name}.yaml")
     assert spec.name == name
     assert len(spec.runs) == runs
+
+
+def test_every_shipped_spec_is_checked():
+    assert {path.stem for path in (REPO / "experiments").glob("*.yaml")} == set(SHIPPED_SPEC_RUNS)
 
 
 def test_default_spec_compares_schemes_against_ecmp_baseline():
