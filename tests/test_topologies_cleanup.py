@@ -1,9 +1,17 @@
 """Clean-up signals a recorded process only while it is provably the one recorded (same PID and
-start time), and finds our nftables tables by their mark, from captured output."""
+start time), and finds our nftables tables by their mark, from captured output; a fabric's teardown
+holds Ctrl-C until it is done."""
+import os
+import signal
 import subprocess
 import sys
+import threading
+import time
+
+import pytest
 
 from topologies import cleanup
+from topologies.fabric import signals_deferred
 
 
 def sleeper() -> subprocess.Popen:
@@ -47,3 +55,23 @@ def test_our_nft_tables_are_those_with_our_comment(monkeypatch):
     monkeypatch.setattr(cleanup.subprocess, "run",
                         lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=ruleset, stderr=""))
     assert cleanup.our_nft_tables() == [("netdev", "dnntb_leaf1_eth1")]
+
+
+def test_teardown_holds_ctrl_c_whichever_thread_the_kernel_hands_it_to():
+    """A process-wide signal goes to any thread that does not block it: with a progress bar's thread
+    beside it, a teardown that only masked the main thread was cut short and left processes behind."""
+    stop = threading.Event()
+    beside = threading.Thread(target=stop.wait)  # does not block SIGINT
+    beside.start()
+    finished = False
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with signals_deferred():
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.2)
+                finished = True
+    finally:
+        stop.set()
+        beside.join()
+    assert finished
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
