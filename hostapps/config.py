@@ -176,7 +176,7 @@ class ProcessConfig(Training):
     # mlt (hostapps/mlt): datagram payload, source-port pool, quiet period, DSCP per tensor
     mtu_payload: int = knob(1400, "a multiple of 4 in 64..65000 (mlt: payload bytes per datagram)",
                             lambda n: 64 <= n <= 65000 and n % 4 == 0)
-    sport_range: int = knob(128, "an integer 1..1024 (mlt: UDP source ports a sender sprays over)",
+    sport_range: int = knob(1024, "an integer 1..1024 (mlt: UDP source ports a sender sprays over)",
                             lambda n: 1 <= n <= 1024)
     quiet_ms: float = knob(5.0, "milliseconds > 0, at most --timeout (mlt: silence after which a message "
                            "within the loss bound is complete)", lambda x: 0 < x <= 1000 * MAX_TIMEOUT_S)

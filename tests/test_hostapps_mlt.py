@@ -283,7 +283,7 @@ class RefusingSocket:
 def test_datagrams_the_local_stack_refuses_count_as_lost_and_are_retransmitted(loopback_addresses):
     sender, receiver = transport_pair(loopback_addresses)
     rng = random.Random(0)
-    sender._pools[0] = [RefusingSocket(sock, rng) for sock in sender._pool(0)]
+    sender._sources = [RefusingSocket(sock, rng) for sock in sender._source_pool()]
     values = np.arange(50_000, dtype=np.float32)
     sender.send(RECEIVER, KEY, values)
     out = np.empty_like(values)
@@ -305,9 +305,30 @@ def test_loss_within_the_bound_completes_without_retransmission(loopback_address
     assert receiver.stats.nacks_sent == 0 and sender.stats.fragments_retransmitted == 0
     assert sender.stats.datagrams_marked == 5
     assert json.loads(json.dumps(sender.counters()))["datagrams_marked"] == 5  # summary.json takes them
-    le_socket = sender._pools[mlt_sender.LE_DSCP][0]
-    assert le_socket.getsockopt(socket.IPPROTO_IP, socket.IP_TOS) == mlt_sender.LE_DSCP << 2
     close_pair(sender, receiver)
+
+
+def test_each_datagram_carries_its_dscp_from_any_source_socket(loopback_addresses):
+    """One pool of source sockets serves every class: the DSCP goes with each datagram."""
+    options = MltOptions(loss_bound=0.05, link_mbps=10000, drop_marking=True, sport_range=16)
+    sender, receiver = transport_pair(loopback_addresses, options)
+    sender.set_dscp(RECEIVER, 40)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
+    sender._peers.addresses[RECEIVER] = listener.getsockname()  # data goes to the listener instead
+    values = np.ones(35_000, dtype=np.float32)  # 100 fragments, the 5 smallest marked LE
+    values[350 * 2:350 * 7] = 1e-6
+    sender.send(RECEIVER, KEY, values, tolerate_loss=True)
+    tos = []
+    for _ in range(100):
+        _, ancillary, _, _ = listener.recvmsg(65536, 64)
+        tos += [data[0] for level, kind, data in ancillary if (level, kind) == (socket.IPPROTO_IP, socket.IP_TOS)]
+    assert sorted(tos) == [mlt_sender.LE_DSCP << 2] * 5 + [40 << 2] * 95
+    assert len(sender._sources) == 16
+    listener.close()
+    sender.abort()
+    receiver.abort()
 
 
 def test_sending_to_a_process_that_is_no_peer_fails_alone(loopback_addresses):

@@ -8,7 +8,7 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 << 20  # when the job's largest message is not gi
 @dataclass
 class MltOptions:
     loss_bound: float = 0.0    # fraction of a message's bytes that may stay missing
-    sport_range: int = 128     # source sockets per DSCP pool (fds: one pool per DSCP in use)
+    sport_range: int = 1024    # source sockets (one file each), shared by every DSCP
     mtu_payload: int = 1400    # payload bytes per datagram (a multiple of 4)
     quiet_s: float = 0.005
     link_mbps: float = 100.0
