@@ -71,9 +71,8 @@ def _source_sockets(host: str, count: int) -> list[socket.socket]:
     return pool
 
 
-def _tos(dscp: int) -> list[tuple[int, int, bytes]]:
-    """The ancillary data that sends a datagram with `dscp`."""
-    return [(socket.IPPROTO_IP, socket.IP_TOS, bytes([dscp << 2]))]
+# Per DSCP, the ancillary data that sends a datagram with it (built once: sendmsg runs per datagram).
+TOS_ANCILLARY = [[(socket.IPPROTO_IP, socket.IP_TOS, bytes([dscp << 2]))] for dscp in range(64)]
 
 
 class MltTransport(Transport):
@@ -281,9 +280,10 @@ class MltTransport(Transport):
             self.stats.datagrams_dropped += 1
             return
         try:
-            sources = self._source_pool()
+            sources = self._sources or self._source_pool()
             sources[random.randrange(len(sources))].sendmsg(
-                [emission.header, emission.payload], _tos(emission.dscp), 0, self._peers.addresses[emission.peer])
+                [emission.header, emission.payload], TOS_ANCILLARY[emission.dscp], 0,
+                self._peers.addresses[emission.peer])
         except OSError as e:
             # A firewall drop (EPERM: nft output hooks, as the runner's loss faults) or a full
             # device queue (ENOBUFS) is packet loss to recover from like any other.
@@ -295,6 +295,7 @@ class MltTransport(Transport):
         self.stats.datagrams_marked += emission.lower_effort
 
     def _source_pool(self) -> list[socket.socket]:
+        """The source sockets, opened by the first datagram sent (later ones read self._sources)."""
         with self._sources_lock:
             if not self._sources:
                 self._sources = _source_sockets(self.listen_address[0], self.options.sport_range)
