@@ -8,9 +8,9 @@ from hypothesis import given, settings, strategies as st
 
 from hostapps import codec
 from hostapps.mlt import MltOptions, MltStats, wire
-from hostapps.mlt.pacing import LINK_SHARE, PACING_BURST_S, HostPacer
+from hostapps.mlt.pacing import FLOOR_SHARE, LINK_SHARE, PACING_BURST_S, HostPacer
 from hostapps.mlt.peers import Peers
-from hostapps.mlt.receiver import ACTIVE_WINDOW_S, Delivery, Receiver, Reply
+from hostapps.mlt.receiver import Delivery, Receiver, Reply
 from hostapps.mlt.sender import LE_DSCP, MAX_RTO_S, MIN_RTO_S, RTO_S, Emission, Failure, Outgoing, Sender
 from hostapps.transport import MessageKey, Peer
 
@@ -84,16 +84,19 @@ MESSAGE = bytes(range(256)) * 4  # 1024 bytes: 11 fragments, the last of 24 byte
 
 # --- receiver
 
-def test_a_whole_message_is_acked_and_delivered_with_the_fair_share_advised():
+def test_a_whole_message_is_acked_and_delivered_its_sender_advised_its_share_while_it_lasts():
     machine = receiver()
-    for index in range(10):
+    advice, = machine.on_data(SENDER, data(KEY, 0, MESSAGE), now=0.0)  # a sender that was not active: advised now
+    assert advice.peer == SENDER and datagram(advice.datagram).frame.kind == codec.KIND_RATE
+    for index in range(1, 10):
         assert machine.on_data(SENDER, data(KEY, index, MESSAGE), now=0.001 * index) == ()
     ack, delivery = machine.on_data(SENDER, data(KEY, 10, MESSAGE), now=0.01)
     assert ack.peer == SENDER and isinstance(delivery, Delivery)
     answer = datagram(ack.datagram)
     assert (answer.frame.kind, answer.frame.total, answer.delivered, answer.fragment_bytes) == (
         codec.KIND_ACK, 1024, 1024, FRAGMENT)
-    assert answer.advised_kbps == int(LINK_SHARE * 100 * 1000)  # the only active sender: the whole link
+    assert datagram(advice.datagram).advised_kbps == int(LINK_SHARE * 100 * 1000)  # the only sender: the whole link
+    assert answer.advised_kbps == 0  # nothing of SENDER's in flight any more: no advice
     assert delivery.message.buffer.tobytes() == MESSAGE and machine.incoming == {}
 
 
@@ -131,7 +134,8 @@ def test_no_decision_before_the_last_fragment_arrives_however_quiet():
     for index in range(10):  # all but the last: within the bound, but the sender may still be sending
         machine.on_data(SENDER, data(KEY, index, MESSAGE), now=0.0)
     assert feedback_of(machine.tick(TIMEOUT - 0.01)) == [] and KEY in {key for _, key in machine.incoming}
-    assert machine.tick(TIMEOUT + 0.01) == [] and machine.incoming == {}  # a stray: forgotten after the timeout
+    # a stray: forgotten after the timeout
+    assert feedback_of(machine.tick(TIMEOUT + 0.01)) == [] and machine.incoming == {}
     assert machine._held_messages[SENDER] == 0 and machine._held_bytes[SENDER] == 0
 
 
@@ -147,7 +151,7 @@ def test_a_late_duplicate_is_acked_again_at_most_once_per_quiet_period():
 
 def test_oversized_and_over_budget_messages_are_counted_not_held(monkeypatch):
     machine = receiver(max_message_bytes=1000)
-    assert machine.on_data(SENDER, data(KEY, 0, MESSAGE), now=0.0) == ()  # declares 1024 bytes
+    assert feedback_of(machine.on_data(SENDER, data(KEY, 0, MESSAGE), now=0.0)) == []  # declares 1024 bytes
     assert machine.stats.oversized == 1 and machine.incoming == {}
     monkeypatch.setattr("hostapps.mlt.receiver.MAX_INCOMPLETE_MESSAGES", 2)
     small = MESSAGE[:300]
@@ -158,17 +162,86 @@ def test_oversized_and_over_budget_messages_are_counted_not_held(monkeypatch):
     assert len(machine.incoming) == 3
 
 
-def test_each_sender_heard_lately_is_advised_its_share():
+def advised(actions) -> dict[Peer, int]:
+    return {a.peer: datagram(a.datagram).advised_kbps for a in actions
+            if isinstance(a, Reply) and datagram(a.datagram).frame.kind == codec.KIND_RATE}
+
+
+def test_each_sender_with_a_message_in_flight_is_advised_its_share_at_once():
+    whole, half = int(LINK_SHARE * 100 * 1000), int(LINK_SHARE * 100 * 1000 / 2)
     machine = receiver()
-    machine.on_data(SENDER, data(KEY, 0, MESSAGE), now=0.0)
-    machine.on_data(OTHER, data(KEY, 0, MESSAGE), now=0.1)
-    advice = {a.peer: datagram(a.datagram).advised_kbps for a in machine.tick(0.1)}
-    assert advice == {SENDER: int(LINK_SHARE * 100 * 1000 / 2), OTHER: int(LINK_SHARE * 100 * 1000 / 2)}
-    advice = {a.peer: datagram(a.datagram).advised_kbps for a in machine.tick(ACTIVE_WINDOW_S + 0.01)}
-    assert advice == {OTHER: int(LINK_SHARE * 100 * 1000)}
+    assert advised(machine.on_data(SENDER, data(KEY, 0, MESSAGE), now=0.0)) == {SENDER: whole}
+    assert advised(machine.on_data(SENDER, data(KEY, 1, MESSAGE), now=0.0)) == {}  # no change, no advice
+    # OTHER starts while SENDER's message is in flight: both are re-advised on OTHER's first datagram
+    assert advised(machine.on_data(OTHER, data(KEY, 0, MESSAGE), now=0.1)) == {SENDER: half, OTHER: half}
+    assert advised(machine.tick(0.1)) == {SENDER: half, OTHER: half}  # and again every ADVICE_INTERVAL_S
+    for index in range(1, 10):
+        machine.on_data(OTHER, data(KEY, index, MESSAGE), now=0.1)
+    ack, delivery, advice = machine.on_data(OTHER, data(KEY, 10, MESSAGE), now=0.1)  # OTHER's message is over
+    assert advised([advice]) == {SENDER: whole} and datagram(ack.datagram).advised_kbps == 0  # OTHER: none
+    assert advised(machine.tick(0.2)) == {SENDER: whole}
+    one = machine.on_data(OTHER, data(KEY._replace(tensor=3), 0, MESSAGE[:100]), now=0.2)
+    assert advised(one) == {} and len(feedback_of(one)) == 1  # a one-datagram message: over as it begins
+
+
+def test_the_senders_of_the_most_important_class_share_the_link_and_the_others_wait_at_the_floor():
+    floor = int(FLOOR_SHARE * 100 * 1000)
+    machine = receiver(tensor_dscp={5: 40, 6: 8})  # tensor 5 in CS5, tensor 6 in CS1 (lower effort)
+    third = Peer("worker", 2)
+    machine.on_data(SENDER, data(KEY, 0, MESSAGE), now=0.0)  # CS0
+    machine.on_data(third, data(KEY._replace(tensor=6), 0, MESSAGE), now=0.0)  # lower effort: after CS0
+    assert advised(machine.tick(0.0)) == {SENDER: int(LINK_SHARE * 100 * 1000) - floor, third: floor}
+    assert advised(machine.on_data(OTHER, data(KEY._replace(tensor=5), 0, MESSAGE), now=0.0)) == {
+        SENDER: floor, OTHER: int(LINK_SHARE * 100 * 1000) - 2 * floor}
 
 
 # --- sender
+
+def test_first_passes_take_the_link_whole_message_by_whole_message():
+    machine = sender()
+    older = submit(machine, RECEIVER)
+    newer = submit(machine, OTHER, KEY._replace(tensor=2))
+    assert machine.has_turn(older) and not machine.has_turn(newer)  # either peer may take the whole link
+    first = machine.first_datagram(older, 0.0)
+    assert not machine.has_turn(newer)
+    first_pass(machine, older)
+    assert machine.has_turn(newer) and machine.first_datagram(newer, 0.0).peer == OTHER
+    assert first.message is older
+
+
+def test_first_passes_go_by_class_iteration_peer_served_most_fewest_bytes_left_then_age():
+    machine = sender(tensor_dscp={5: 40})  # tensor 5 in CS5
+    third = Peer("worker", 2)
+    machine.add_peer(third)
+    bulk = submit(machine, RECEIVER)
+    short = submit(machine, OTHER, KEY._replace(tensor=2), payload=MESSAGE[:300])  # 3 fragments against 11
+    assert machine.has_turn(short) and not machine.has_turn(bulk)
+    first_pass(machine, short)  # OTHER was sent 300 bytes of iteration 3: its next message goes first
+    more = submit(machine, OTHER, KEY._replace(tensor=3))
+    assert machine.has_turn(more) and not machine.has_turn(bulk)
+    older = submit(machine, third, KEY._replace(iteration=2))  # an older iteration, whatever was served
+    assert machine.has_turn(older) and not machine.has_turn(more)
+    urgent = submit(machine, RECEIVER, KEY._replace(tensor=5))  # the higher class, whatever its iteration
+    assert machine.has_turn(urgent) and not machine.has_turn(older)
+    machine.set_dscp(third, LE_DSCP)
+    scavenger = submit(machine, third, KEY._replace(tensor=6), payload=MESSAGE[:100])
+    assert not machine.has_turn(scavenger)  # lower effort goes last, even with one fragment
+
+
+def test_a_first_pass_goes_beside_those_ahead_while_their_peers_leave_the_link_free():
+    machine = sender()
+    ahead = submit(machine, RECEIVER)
+    beside = submit(machine, OTHER, KEY._replace(tensor=2))
+    assert machine.advise(RECEIVER, 100e6 / 8 / 2)  # RECEIVER's receiver shares its link: half of ours is free
+    assert machine.has_turn(ahead) and machine.has_turn(beside)
+    assert not machine.advise(RECEIVER, 100e6 / 8 / 2)  # the same advice changes nothing
+    machine.advise(RECEIVER, 100e6 / 8)
+    assert not machine.has_turn(beside)
+    machine.pacer.rates[RECEIVER].on_feedback(0.5, now=0.0)  # a loss backs RECEIVER's rate off to 3/4:
+    assert machine.has_turn(beside)                           # a quarter of the link is free
+    machine.forget(RECEIVER)  # its peer closed or failed: no longer ahead
+    assert machine.has_turn(beside)
+
 
 def test_a_first_pass_is_every_fragment_in_order_paced_at_the_link():
     machine = sender()

@@ -14,6 +14,17 @@ PACING_BURST_S = 0.002         # a sender may run this far ahead of its rate aft
 PACING_MIN_SLEEP_S = 0.001     # shorter delays are accumulated: sleep() is coarse
 DECREASE_INTERVAL_S = 0.05     # about an RTT under load: one back-off per congestion episode
 LINK_SHARE = 0.97              # of a link, what pacing and advice use: leave room for control and ARP
+FLOOR_SHARE = 1 / 20           # of a link, the least a sender is advised or backs off to
+LE_DSCP = 1                    # RFC 8622 lower-effort
+SCAVENGER_SELECTOR = 1         # CS1: the fabric's droppable class, which it turns LE into
+LOWEST_RANK = 8                # service_rank of lower effort, after every class selector
+
+
+def service_rank(dscp: int) -> int:
+    """The order in which the fabric's strict-priority queues serve a DSCP (lower first): class selector 7
+    first, down to 0, and lower effort last (topologies/shaping.py)."""
+    selector = dscp >> 3
+    return LOWEST_RANK if dscp == LE_DSCP or selector == SCAVENGER_SELECTOR else -selector
 
 
 class Pacer:
@@ -39,7 +50,7 @@ class RateControl(Pacer):
     def __init__(self, link_bytes_per_s: float):
         super().__init__(link_bytes_per_s)
         self.ceiling = link_bytes_per_s
-        self.floor = link_bytes_per_s / 20
+        self.floor = link_bytes_per_s * FLOOR_SHARE
         self.increase = link_bytes_per_s / 32
         self.advised = link_bytes_per_s  # the receiver's latest fair-share advice
         self._last_decrease = -math.inf

@@ -22,12 +22,10 @@ import numpy as np
 from hostapps import codec
 from hostapps.mlt import wire
 from hostapps.mlt.options import MltOptions, MltStats
-from hostapps.mlt.pacing import LINK_SHARE
+from hostapps.mlt.pacing import FLOOR_SHARE, LINK_SHARE, service_rank
 from hostapps.transport import MessageKey, Peer
 
-ACTIVE_WINDOW_S = 0.2          # a peer heard this recently shares our link: about an iteration, so a PS's
-                               # workers start each push phase at their share, not at the whole link
-ADVICE_INTERVAL_S = 0.01       # how often a receiver re-advises its active senders
+ADVICE_INTERVAL_S = 0.01       # how often a receiver re-advises the senders of messages in flight
 COMPLETED_MEMORY = 4096        # completed messages remembered to re-ACK late duplicates
 MAX_INCOMPLETE_MESSAGES = 1024
 INCOMPLETE_BYTES = 64 << 20
@@ -130,9 +128,11 @@ class Receiver:
         self.me, self.job, self.timeout, self.stats = me, job, timeout, stats
         self.loss_bound, self.quiet_s = options.loss_bound, options.quiet_s
         self.link_mbps, self.max_message_bytes = options.link_mbps, options.max_message_bytes
+        self.tensor_dscp = options.tensor_dscp
         self.incoming: dict[tuple[Peer, MessageKey], Reassembly] = {}
         self._completed: OrderedDict[tuple[Peer, MessageKey], list[float]] = OrderedDict()  # [delivered, last ACK]
-        self._last_data: dict[Peer, float] = {}  # when each peer's data last arrived
+        self._in_flight: dict[Peer, Counter[int]] = {}  # each peer's incomplete messages by service rank
+        self._advised: dict[Peer, int] = {}  # the share we last advised each peer
         self._held_messages: Counter[Peer] = Counter()  # each peer's incomplete messages
         self._held_bytes: Counter[Peer] = Counter()     # and their reassembly_bytes
         self._held_budget = max(INCOMPLETE_BYTES, 2 * self.max_message_bytes)
@@ -141,7 +141,6 @@ class Receiver:
     def on_data(self, peer: Peer, datagram: codec.Datagram, now: float) -> Sequence[Action]:
         """A DATA datagram from `peer`."""
         frame = datagram.frame
-        self._last_data[peer] = now
         key = MessageKey(frame.iteration, frame.tensor, frame.step)
         ident = (peer, key)
         reassembly = self.incoming.get(ident)
@@ -166,6 +165,14 @@ class Receiver:
                                                            datagram.delivered)
             self._held_messages[peer] += 1
             self._held_bytes[peer] += footprint
+            # a one-datagram message is over as it begins: no share to advise for it
+            if len(reassembly.received) > 1 and self._count_in_flight(peer, key, +1):
+                return [*self._advice(now, changed_only=True), *self._place(peer, key, reassembly, datagram, now)]
+        return self._place(peer, key, reassembly, datagram, now)
+
+    def _place(self, peer: Peer, key: MessageKey, reassembly: Reassembly, datagram: codec.Datagram,
+               now: float) -> Sequence[Action]:
+        frame = datagram.frame
         try:
             added = reassembly.add(frame.offset, frame.total, datagram.fragment_bytes, datagram.payload, now)
         except codec.FrameError:
@@ -179,16 +186,10 @@ class Receiver:
 
     def tick(self, now: float) -> list[Action]:
         """Timers: advise senders; complete or NACK quiet messages; forget stale ones."""
-        actions: list[Action] = []
-        if now >= self._next_advice:
-            active = self._active_senders(now)
-            for peer in active:
-                actions.append(Reply(peer, wire.control(self.me, self.job, codec.KIND_RATE,
-                                                        advised_kbps=self._fair_share_kbps(len(active)))))
-            self._next_advice = now + ADVICE_INTERVAL_S
+        actions: list[Action] = self._advice(now) if now >= self._next_advice else []
         for (peer, key), reassembly in list(self.incoming.items()):
             if now - reassembly.last_arrival > self.timeout:  # a stray fragment of a long-forgotten message
-                self._release(peer, key)
+                actions += self._release(peer, key, now)
                 continue
             verdict = reassembly.due(now, self.loss_bound, self.quiet_s)
             if verdict == "complete":
@@ -200,29 +201,62 @@ class Receiver:
                 actions.append(self._feedback(peer, key, reassembly, codec.KIND_NACK, now))
         return actions
 
-    def _active_senders(self, now: float) -> list[Peer]:
-        """The peers whose data arrived within ACTIVE_WINDOW_S: they share our link."""
-        return [peer for peer, last in self._last_data.items() if now - last <= ACTIVE_WINDOW_S]
+    def _count_in_flight(self, peer: Peer, key: MessageKey, change: int) -> bool:
+        """Count a message of `peer` in (+1) or out (-1) of flight; True if that changed the peer's share:
+        its first message began, its last one ended, or its most important class changed."""
+        ranks = self._in_flight.setdefault(peer, Counter())
+        before = min(ranks) if ranks else None
+        rank = service_rank(self.tensor_dscp.get(key.tensor, 0))
+        ranks[rank] += change
+        if not ranks[rank]:
+            del ranks[rank]
+        return (min(ranks) if ranks else None) != before
 
-    def _fair_share_kbps(self, senders: int) -> int:
-        """Our link's share per active sender (at least one)."""
-        return int(LINK_SHARE * self.link_mbps * 1000 / max(1, senders))
+    def _shares_kbps(self) -> dict[Peer, int]:
+        """Each sender with a message in flight, and its share of our link: the senders of the most important
+        class split it evenly, the others are held at the floor (the fabric's strict priority, which pacing
+        alone would defeat: paced senders build no queue for it to order)."""
+        ranks = {peer: min(counts) for peer, counts in self._in_flight.items() if counts}
+        if not ranks:
+            return {}
+        link_kbps = self.link_mbps * 1000
+        floor = int(FLOOR_SHARE * link_kbps)
+        top = min(ranks.values())
+        first = [peer for peer, rank in ranks.items() if rank == top]
+        share = max(floor, int((LINK_SHARE * link_kbps - floor * (len(ranks) - len(first))) / len(first)))
+        return {peer: share if rank == top else floor for peer, rank in ranks.items()}
+
+    def _advice(self, now: float, changed_only: bool = False) -> list[Action]:
+        """A RATE frame with its share to every sender with a message in flight (changed_only: to those whose
+        share changed since we last advised them)."""
+        shares = self._shares_kbps()
+        if changed_only:
+            shares = {peer: share for peer, share in shares.items() if self._advised.get(peer) != share}
+        else:
+            self._next_advice = now + ADVICE_INTERVAL_S
+        self._advised.update(shares)
+        return [Reply(peer, wire.control(self.me, self.job, codec.KIND_RATE, advised_kbps=share))
+                for peer, share in shares.items()]
 
     def _feedback(self, peer: Peer, key: MessageKey, reassembly: Reassembly, kind: int, now: float) -> Reply:
         return Reply(peer, wire.feedback(
             self.me, self.job, key, kind, reassembly.total, reassembly.fragment_bytes, reassembly.delivered,
-            self._fair_share_kbps(len(self._active_senders(now))),
+            self._shares_kbps().get(peer, 0),
             reassembly.missing_bitmap() if kind == codec.KIND_NACK else b""))
 
-    def _release(self, peer: Peer, key: MessageKey) -> None:
-        """Forget an incomplete message (it completed or went stale) and its share of the peer's budget."""
+    def _release(self, peer: Peer, key: MessageKey, now: float) -> list[Action]:
+        """Forget an incomplete message (it completed or went stale) and its share of the peer's budget;
+        re-advise the senders if that changed the peer's share."""
         reassembly = self.incoming.pop((peer, key))
         self._held_messages[peer] -= 1
         self._held_bytes[peer] -= reassembly_bytes(reassembly.total, reassembly.fragment_bytes)
+        if len(reassembly.received) > 1 and self._count_in_flight(peer, key, -1):
+            return self._advice(now, changed_only=True)
+        return []
 
     def _complete(self, peer: Peer, key: MessageKey, reassembly: Reassembly, now: float) -> list[Action]:
-        self._release(peer, key)
+        advice = self._release(peer, key, now)
         self._completed[(peer, key)] = [reassembly.delivered, now]
         if len(self._completed) > COMPLETED_MEMORY:
             self._completed.popitem(last=False)
-        return [self._feedback(peer, key, reassembly, codec.KIND_ACK, now), Delivery(peer, key, reassembly)]
+        return [self._feedback(peer, key, reassembly, codec.KIND_ACK, now), Delivery(peer, key, reassembly), *advice]

@@ -7,6 +7,14 @@ link, HostPacer): a message's first pass datagram by datagram (first_datagram), 
 and probes of every peer (next_datagram): of the peers with some waiting, the one whose rate lets
 it leave first; a peer's pending passes take turns.
 
+First passes share the host's link whole message by whole message, as a NIC's FIFO would, not
+datagram by datagram (has_turn): the most important class first, then the oldest iteration, then
+the peer already sent the most of it, then the message with the fewest bytes left (SRPT, as Homa's
+sender), then the oldest; a message may go beside those ahead of it only while their peers' rates
+leave some of the link free.  Interleaving them evenly made a PS finish every worker's pull at the
+same moment, so no worker's next pushes could overlap the others' pulls (the overlap TCP's unfair
+sharing gives).
+
 A message is kept until its receiver ACKs it.  It either tolerates loss (a gradient on its way to
 be reduced) or is exact (what every replica must agree on: all-gathered sums, pulled parameters,
 agreements); its DATA datagrams tell the receiver how many of its bytes it must hold.  A NACK is
@@ -31,10 +39,9 @@ import numpy as np
 from hostapps import codec
 from hostapps.mlt import wire
 from hostapps.mlt.options import MltOptions, MltStats
-from hostapps.mlt.pacing import HostPacer
+from hostapps.mlt.pacing import LE_DSCP, HostPacer, service_rank
 from hostapps.transport import MessageKey, Peer, describe_key
 
-LE_DSCP = 1                    # RFC 8622 lower-effort
 RTO_S = 0.1                    # silence after a send pass before the sender probes, at most
 MIN_RTO_S = 0.01               # ... and at least: the receiver's thread may sleep one 5 ms switch interval
 MAX_RTO_S = 1.0                # after probes doubled it
@@ -78,6 +85,7 @@ class Outgoing:
     required: int                   # bytes the receiver must hold: the total, or less if it tolerates loss
     dscp: int
     fragments: int                  # in its first pass: all of them, at least one
+    sequence: int = 0               # submission order
     handed_out: int = 0             # of its first pass
     deadline: float = math.inf      # no feedback by then: the peer is gone
     probe_at: float = math.inf
@@ -139,6 +147,9 @@ class Sender:
         self._dscp: dict[Peer, int] = {}
         self._feedback_delay: dict[Peer, tuple[float, float]] = {}  # per peer: smoothed, variation
         self._sequence = itertools.count()
+        self._submissions = itertools.count()
+        self._first_passes: list[Outgoing] = []  # messages whose first pass is not all handed out
+        self._served: dict[Peer, tuple[int, int]] = {}  # per peer: its latest iteration, first-pass bytes of it
 
     def add_peer(self, peer: Peer) -> None:
         self.pacer.add(peer)
@@ -163,9 +174,40 @@ class Sender:
         message = Outgoing(peer, key, payload, marked,
                            wire.required_bytes(payload.size, self.loss_bound, tolerate_loss),
                            self.tensor_dscp.get(key.tensor, self._dscp.get(peer, 0)),
-                           max(1, wire.fragment_count(payload.size, self.fragment_bytes)))
+                           max(1, wire.fragment_count(payload.size, self.fragment_bytes)), next(self._submissions))
         self.outgoing[(peer, key)] = message
+        self._first_passes.append(message)
         return message
+
+    def has_turn(self, message: Outgoing) -> bool:
+        """Whether the message's first pass may go on now: the first passes ahead of it (_precedence) leave at
+        least a floor's worth of the host's link free at their peers' rates (a peer slowed by its receiver's
+        share or by loss leaves room for others)."""
+        claimed, peers = 0.0, set()
+        free = self.pacer.link.rate - self.pacer.rates[message.peer].floor
+        for other in sorted(self._first_passes, key=self._precedence):
+            if other is message:
+                return True
+            if other.peer not in peers:
+                peers.add(other.peer)
+                claimed += self.pacer.rates[other.peer].rate
+                if claimed > free:
+                    return False
+        return True
+
+    def _precedence(self, message: Outgoing) -> tuple[int, int, int, int, int]:
+        """Which first pass goes first: the most important class, the oldest iteration, then the peer this
+        host has already sent the most of that iteration (one peer's whole share before the next's, so that
+        peers finish at different times, as TCP's unfair sharing lets them), the fewest bytes left, the oldest."""
+        iteration, served = self._served.get(message.peer, (None, 0))
+        return (service_rank(message.dscp), message.key.iteration,
+                -served if iteration == message.key.iteration else 0,
+                message.fragments - message.handed_out, message.sequence)
+
+    def first_pass_over(self, message: Outgoing) -> None:
+        """The message's first pass is all handed out, or will never be (released, or its caller failed)."""
+        if message in self._first_passes:
+            self._first_passes.remove(message)
 
     def first_datagram(self, message: Outgoing, now: float) -> Emission | None:
         """The next datagram of the message's first pass, in order, and when it may leave (its slot is
@@ -174,7 +216,14 @@ class Sender:
             return None
         index = message.handed_out
         message.handed_out += 1
-        at = self.pacer.reserve(message.peer, wire.wire_bytes(message.length(index, self.fragment_bytes)), now)
+        if message.handed_out == message.fragments:
+            self.first_pass_over(message)
+        length = message.length(index, self.fragment_bytes)
+        iteration, served = self._served.get(message.peer, (message.key.iteration, 0))
+        if message.key.iteration >= iteration:
+            self._served[message.peer] = (message.key.iteration,
+                                          length + (served if message.key.iteration == iteration else 0))
+        at = self.pacer.reserve(message.peer, wire.wire_bytes(length), now)
         return self._emission(message, index, at, True, message.handed_out == message.fragments)
 
     @property
@@ -220,8 +269,12 @@ class Sender:
         message.probe_at = now + self.rto(message)
         message.deadline = min(message.deadline, now + self.timeout)  # only feedback extends it
 
-    def advise(self, peer: Peer, bytes_per_s: float) -> None:
-        self.pacer.rates[peer].advise(bytes_per_s)
+    def advise(self, peer: Peer, bytes_per_s: float) -> bool:
+        """The receiver's advice; True if it changed the peer's rate (a first pass may now have its turn)."""
+        rate = self.pacer.rates[peer]
+        before = rate.rate
+        rate.advise(bytes_per_s)
+        return rate.rate != before
 
     def on_feedback(self, peer: Peer, datagram: codec.Datagram, now: float) -> None:
         """An ACK or NACK from `peer`."""
@@ -296,6 +349,7 @@ class Sender:
     def _release(self, ident: tuple[Peer, MessageKey]) -> None:
         message = self.outgoing.pop(ident)
         message.released = True
+        self.first_pass_over(message)
         if passes := self._passes.get(message.peer):  # what it had left to send
             kept = deque(item for item in passes if item.message is not message)
             if kept:

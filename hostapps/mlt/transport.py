@@ -10,7 +10,8 @@ about 7% more than the mean, with 1024 about 2.5% (|a - b| / (a + b) ~ sqrt(2 / 
 - The receive loop (a thread) reads the home socket, drops what is not a trusted peer's (Peers),
   feeds data to the Receiver, feedback and advice to the Sender, and ticks both every half quiet
   period.
-- send() submits a message to the Sender and sends its first pass from the calling thread, each
+- send() submits a message to the Sender and sends its first pass from the calling thread, while
+  the message has its turn on the host's link (Sender.has_turn; else it waits on _turn), each
   datagram once the slot the Sender reserved for it comes (hostapps.timing.sleep_for), and returns
   when the pass has left.  A send thread sends every peer's resends and probes the same way.  The
   Sender is the one place that paces and orders: the threads only wait and send.
@@ -47,6 +48,7 @@ from hostapps.transport import (Address, Mailbox, MessageKey, Peer, TensorLog, T
                                 describe_key, format_address)
 
 HELLO_INTERVAL_S = 0.05
+TURN_WAIT_S = 0.01  # a first pass waiting its turn looks again this often at the latest (a rate changed)
 FILES_BESIDE_SOURCES = 256  # open files kept free beside the source sockets (other transports, logs, peers)
 RECEIVE_BUFFER_BYTES = 8 << 20
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)  # Linux; Python does not export it
@@ -89,9 +91,11 @@ class MltTransport(Transport):
         self._receiver = Receiver(me, job, self.options, timeout, self.stats)  # the receive loop's alone
         self._sender = Sender(me, job, self.options, timeout, self.stats)
         # _lock guards what several threads share: the Sender and the peers' life cycle.  The send thread
-        # waits on _work (a resend or probe queued); connect() and close() on _progress (a HELLO, an ACK, a BYE).
+        # waits on _work (a resend or probe queued); connect() and close() on _progress (a HELLO, an ACK, a BYE);
+        # send() on _turn (a first pass ended, or a rate changed) when its message must let others go first.
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)
+        self._turn = threading.Condition(self._lock)
         self._progress = threading.Condition(self._lock)
         self._sources: list[socket.socket] = []
         self._sources_lock = threading.Lock()
@@ -182,6 +186,7 @@ class MltTransport(Transport):
         with self._lock:
             self._work.notify_all()
             self._progress.notify_all()
+            self._turn.notify_all()
         for thread in self._threads:
             if thread is not threading.current_thread():
                 thread.join(self.timeout)
@@ -193,6 +198,7 @@ class MltTransport(Transport):
             self._peers.gone.setdefault(peer, reason)
             self._sender.forget(peer)
             self._progress.notify_all()
+            self._turn.notify_all()
         self.mailbox.peer_gone(peer, reason)
 
     def _check_peer(self, peer: Peer) -> None:
@@ -226,10 +232,19 @@ class MltTransport(Transport):
         start = time.time()
         with self._lock:
             message = self._sender.submit(peer, key, payload, marked, tolerate_loss)
-            while (emission := self._sender.first_datagram(message, now := time.monotonic())) is not None:
-                if self._stopped.is_set():
-                    raise TransportError(f"{self.me}: transport closed while sending {describe_key(key)}")
-                self._send_one(emission, now)
+            try:
+                while True:
+                    if self._stopped.is_set():
+                        raise TransportError(f"{self.me}: transport closed while sending {describe_key(key)}")
+                    if not self._sender.has_turn(message):
+                        self._turn.wait(TURN_WAIT_S)
+                        continue
+                    if (emission := self._sender.first_datagram(message, now := time.monotonic())) is None:
+                        break
+                    self._send_one(emission, now)
+            finally:
+                self._sender.first_pass_over(message)
+                self._turn.notify_all()
         self._check_peer(peer)  # released before its first pass was out: the peer failed (or closed: no error)
         if self._log:
             self._log(key.iteration, key.tensor, key.step, payload.size, "send", peer, start, time.time(), 1.0)
@@ -367,7 +382,8 @@ class MltTransport(Transport):
             return
         if datagram.advised_kbps:  # RATE frames, ACKs and NACKs carry the receiver's advice
             with self._lock:
-                self._sender.advise(peer, datagram.advised_kbps * 125)
+                if self._sender.advise(peer, datagram.advised_kbps * 125):
+                    self._turn.notify_all()
         if frame.kind == codec.KIND_DATA:
             self._on_data(peer, datagram, now)
         elif frame.kind in (codec.KIND_ACK, codec.KIND_NACK):
@@ -388,6 +404,7 @@ class MltTransport(Transport):
                 # ACKed (an ACK lost just before it closed) is delivered, and nobody will ACK it now.
                 self._sender.forget(peer)
                 self._progress.notify_all()
+                self._turn.notify_all()
             self.mailbox.peer_gone(peer, "closed the connection")
             if frame.step == 0:
                 self._control(peer, codec.KIND_BYE, step=1)
