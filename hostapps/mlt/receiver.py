@@ -165,8 +165,7 @@ class Receiver:
                                                            datagram.delivered)
             self._held_messages[peer] += 1
             self._held_bytes[peer] += footprint
-            # a one-datagram message is over as it begins: no share to advise for it
-            if len(reassembly.received) > 1 and self._count_in_flight(peer, key, +1):
+            if self._count_in_flight(peer, key, reassembly, +1):
                 return [*self._advice(now, changed_only=True), *self._place(peer, key, reassembly, datagram, now)]
         return self._place(peer, key, reassembly, datagram, now)
 
@@ -201,9 +200,12 @@ class Receiver:
                 actions.append(self._feedback(peer, key, reassembly, codec.KIND_NACK, now))
         return actions
 
-    def _count_in_flight(self, peer: Peer, key: MessageKey, change: int) -> bool:
+    def _count_in_flight(self, peer: Peer, key: MessageKey, reassembly: Reassembly, change: int) -> bool:
         """Count a message of `peer` in (+1) or out (-1) of flight; True if that changed the peer's share:
-        its first message began, its last one ended, or its most important class changed."""
+        its first message began, its last one ended, or its most important class changed.  A one-datagram
+        message is over as it begins: it never counts."""
+        if len(reassembly.received) == 1:
+            return False
         ranks = self._in_flight.setdefault(peer, Counter())
         before = min(ranks) if ranks else None
         rank = service_rank(self.tensor_dscp.get(key.tensor, 0))
@@ -250,7 +252,7 @@ class Receiver:
         reassembly = self.incoming.pop((peer, key))
         self._held_messages[peer] -= 1
         self._held_bytes[peer] -= reassembly_bytes(reassembly.total, reassembly.fragment_bytes)
-        if len(reassembly.received) > 1 and self._count_in_flight(peer, key, -1):
+        if self._count_in_flight(peer, key, reassembly, -1):
             return self._advice(now, changed_only=True)
         return []
 

@@ -85,7 +85,6 @@ class Outgoing:
     required: int                   # bytes the receiver must hold: the total, or less if it tolerates loss
     dscp: int
     fragments: int                  # in its first pass: all of them, at least one
-    sequence: int = 0               # submission order
     handed_out: int = 0             # of its first pass
     deadline: float = math.inf      # no feedback by then: the peer is gone
     probe_at: float = math.inf
@@ -147,8 +146,7 @@ class Sender:
         self._dscp: dict[Peer, int] = {}
         self._feedback_delay: dict[Peer, tuple[float, float]] = {}  # per peer: smoothed, variation
         self._sequence = itertools.count()
-        self._submissions = itertools.count()
-        self._first_passes: list[Outgoing] = []  # messages whose first pass is not all handed out
+        self._first_passes: list[Outgoing] = []  # messages whose first pass is not all handed out, oldest first
         self._served: dict[Peer, tuple[int, int]] = {}  # per peer: its latest iteration, first-pass bytes of it
 
     def add_peer(self, peer: Peer) -> None:
@@ -174,7 +172,7 @@ class Sender:
         message = Outgoing(peer, key, payload, marked,
                            wire.required_bytes(payload.size, self.loss_bound, tolerate_loss),
                            self.tensor_dscp.get(key.tensor, self._dscp.get(peer, 0)),
-                           max(1, wire.fragment_count(payload.size, self.fragment_bytes)), next(self._submissions))
+                           max(1, wire.fragment_count(payload.size, self.fragment_bytes)))
         self.outgoing[(peer, key)] = message
         self._first_passes.append(message)
         return message
@@ -185,7 +183,7 @@ class Sender:
         share or by loss leaves room for others)."""
         claimed, peers = 0.0, set()
         free = self.pacer.link.rate - self.pacer.rates[message.peer].floor
-        for other in sorted(self._first_passes, key=self._precedence):
+        for other in sorted(self._first_passes, key=self._precedence):  # stable: ties go oldest first
             if other is message:
                 return True
             if other.peer not in peers:
@@ -195,14 +193,13 @@ class Sender:
                     return False
         return True
 
-    def _precedence(self, message: Outgoing) -> tuple[int, int, int, int, int]:
+    def _precedence(self, message: Outgoing) -> tuple[int, int, int, int]:
         """Which first pass goes first: the most important class, the oldest iteration, then the peer this
         host has already sent the most of that iteration (one peer's whole share before the next's, so that
-        peers finish at different times, as TCP's unfair sharing lets them), the fewest bytes left, the oldest."""
+        peers finish at different times, as TCP's unfair sharing lets them), the fewest bytes left."""
         iteration, served = self._served.get(message.peer, (None, 0))
         return (service_rank(message.dscp), message.key.iteration,
-                -served if iteration == message.key.iteration else 0,
-                message.fragments - message.handed_out, message.sequence)
+                -served if iteration == message.key.iteration else 0, message.fragments - message.handed_out)
 
     def first_pass_over(self, message: Outgoing) -> None:
         """The message's first pass is all handed out, or will never be (released, or its caller failed)."""
@@ -219,12 +216,17 @@ class Sender:
         if message.handed_out == message.fragments:
             self.first_pass_over(message)
         length = message.length(index, self.fragment_bytes)
-        iteration, served = self._served.get(message.peer, (message.key.iteration, 0))
-        if message.key.iteration >= iteration:
-            self._served[message.peer] = (message.key.iteration,
-                                          length + (served if message.key.iteration == iteration else 0))
+        self._count_served(message.peer, message.key.iteration, length)
         at = self.pacer.reserve(message.peer, wire.wire_bytes(length), now)
         return self._emission(message, index, at, True, message.handed_out == message.fragments)
+
+    def _count_served(self, peer: Peer, iteration: int, nbytes: int) -> None:
+        """Add first-pass bytes sent to `peer` in `iteration`; a later iteration starts the count afresh."""
+        latest, served = self._served.get(peer, (iteration, 0))
+        if iteration > latest:
+            self._served[peer] = (iteration, nbytes)
+        elif iteration == latest:
+            self._served[peer] = (iteration, served + nbytes)
 
     @property
     def ready(self) -> bool:
