@@ -9,12 +9,14 @@ rank are in every header because a loss-tolerant transport sends from random
 source ports.  TCP sends each message as a single fragment.
 
 The datagram transport (hostapps.mlt) appends a DATAGRAM extension to every
-header: a per-sender sequence number, the fragment size the sender cuts
+header: the sender's clock when it sent the datagram (microseconds, modulo 2^32; the
+receiver's path monitor compares one-way delays), the fragment size the sender cuts
 messages into (NACK bitmaps count in it), the delivered byte count (in
 feedback: the bytes the receiver holds; in DATA: the bytes it must hold before it
 may complete the message, all of them for an exact one) and the receiver's
 advised sending rate (its link's fair share per active sender, kbit/s; 0 for no
-advice).  A NACK's payload is a bitmap with bit i set when fragment i is missing.
+advice).  A NACK's payload is a bitmap with bit i set when fragment i is missing; a PATHS
+frame's, 16-bit source ports of the sender's: the first `step` of them queued, the rest went through.
 """
 import struct
 from typing import NamedTuple
@@ -29,15 +31,17 @@ KIND_NACK = 4   # datagram receiver -> sender: retransmit the fragments in the b
 KIND_BYE = 5    # datagram peer closes in order; step 1 answers a BYE
 KIND_ABORT = 6  # datagram peer failed: fail fast
 KIND_RATE = 7   # datagram receiver -> sender: advised sending rate (advised_kbps)
-KINDS = (KIND_HELLO, KIND_DATA, KIND_ACK, KIND_NACK, KIND_BYE, KIND_ABORT, KIND_RATE)
+KIND_PATHS = 8  # datagram receiver -> sender: source ports that queued or went through (hostapps.mlt.paths)
+KINDS = (KIND_HELLO, KIND_DATA, KIND_ACK, KIND_NACK, KIND_BYE, KIND_ABORT, KIND_RATE, KIND_PATHS)
 
 ROLES = ("worker", "server")
 
 # magic, version, kind, role, rank, step, job, iteration, tensor, offset, length, total
 HEADER = struct.Struct("!2sBBBHHIIIQIQ")
 
-# sequence, fragment_bytes, delivered, advised_kbps: appended to HEADER in every datagram.
+# sent_us, fragment_bytes, delivered, advised_kbps: appended to HEADER in every datagram.
 DATAGRAM = struct.Struct("!IIQI")
+SENT_US = struct.Struct("!I")  # DATAGRAM's first field, stamped as a datagram leaves (modulo 2^32 us)
 DATAGRAM_HEADER_BYTES = HEADER.size + DATAGRAM.size
 
 # Bounds the decoder enforces so that a corrupt header cannot make us allocate or wait for garbage.
@@ -96,7 +100,7 @@ def decode_header(data: bytes | bytearray | memoryview) -> Frame:
 
 class Datagram(NamedTuple):
     frame: Frame
-    sequence: int
+    sent_us: int
     fragment_bytes: int
     delivered: int
     advised_kbps: int
@@ -107,10 +111,10 @@ def nack_bitmap_bytes(total: int, fragment_bytes: int) -> int:
     return (-(-total // fragment_bytes) + 7) // 8
 
 
-def encode_datagram_header(frame: Frame, sequence: int, fragment_bytes: int, delivered: int = 0,
+def encode_datagram_header(frame: Frame, sent_us: int, fragment_bytes: int, delivered: int = 0,
                            advised_kbps: int = 0) -> bytes:
     """Header + datagram extension; the payload (frame.length bytes) follows in the same datagram."""
-    return encode_header(frame) + DATAGRAM.pack(sequence, fragment_bytes, delivered, advised_kbps)
+    return encode_header(frame) + DATAGRAM.pack(sent_us, fragment_bytes, delivered, advised_kbps)
 
 
 def decode_datagram(data: memoryview) -> Datagram:
@@ -118,7 +122,7 @@ def decode_datagram(data: memoryview) -> Datagram:
     if len(data) < DATAGRAM_HEADER_BYTES:
         raise FrameError(f"datagram of {len(data)} bytes is shorter than its header")
     frame = decode_header(data[:HEADER.size])
-    sequence, fragment_bytes, delivered, advised_kbps = DATAGRAM.unpack_from(data, HEADER.size)
+    sent_us, fragment_bytes, delivered, advised_kbps = DATAGRAM.unpack_from(data, HEADER.size)
     payload = data[DATAGRAM_HEADER_BYTES:]
     if len(payload) != frame.length:
         raise FrameError(f"datagram carries {len(payload)} payload bytes, header says {frame.length}")
@@ -132,6 +136,9 @@ def decode_datagram(data: memoryview) -> Datagram:
                          f"of a {frame.total}-byte message")
     if frame.kind == KIND_NACK and (frame.offset or frame.length != nack_bitmap_bytes(frame.total, fragment_bytes)):
         raise FrameError(f"NACK bitmap of {frame.length} bytes for {-(-frame.total // fragment_bytes)} fragments")
-    if frame.kind not in (KIND_DATA, KIND_NACK) and frame.length:
+    if frame.kind == KIND_PATHS and (frame.offset or frame.length % 2 or 2 * frame.step > frame.length):
+        raise FrameError(f"PATHS payload of {frame.length} bytes is not a list of 16-bit ports, {frame.step} "
+                         f"of them congested")
+    if frame.kind not in (KIND_DATA, KIND_NACK, KIND_PATHS) and frame.length:
         raise FrameError(f"control frame kind {frame.kind} carries a payload")
-    return Datagram(frame, sequence, fragment_bytes, delivered, advised_kbps, payload)
+    return Datagram(frame, sent_us, fragment_bytes, delivered, advised_kbps, payload)

@@ -1,10 +1,14 @@
 """Integration: every host reaches every other in every LB mode, on a square leaf-spine and on a
-k=4 fat-tree (the 3-spine fabric has its own module); a real mlt job is sprayed per packet."""
+k=4 fat-tree (the 3-spine fabric has its own module); a real mlt job is sprayed per packet, and around a
+spine full of bulk traffic."""
 from __future__ import annotations
+
+import json
+import time
 
 import pytest
 
-from helpers.fabric import LB_MODES, PYTHON, REPO, delta, make_fabric, spine_rx
+from helpers.fabric import LB_MODES, PYTHON, REPO, delta, iperf, make_fabric, spine_rx
 
 pytestmark = pytest.mark.integration
 
@@ -37,24 +41,52 @@ def test_groups_follow_the_lb_mode(fabric):
     assert {g["selection_method"] for gs in groups.values() for g in gs} == {method}
 
 
+def run_mlt_ps_job(fabric, out, *options: str) -> dict[str, int]:
+    """A PS job over mlt, its worker on h1 and its server on h3, to the end; what leaf1 sent each spine."""
+    common = ["--workers", "10.0.0.1:7000", "--servers", "10.0.0.3:7100", "--mode", "ps", "--transport", "mlt",
+              "--link-mbps", "100", "--batch", "16", "--timeout", "20", *options]
+    before = spine_rx(fabric, 1)
+    server = fabric.popen("h3", [PYTHON, "-m", "hostapps", "server", "--rank", "0", "--out", str(out / "s"), *common],
+                          cwd=REPO)
+    worker = fabric.popen("h1", [PYTHON, "-m", "hostapps", "worker", "--rank", "0", "--out", str(out / "w"), *common],
+                          cwd=REPO)
+    assert worker.wait(60) == 0, worker.stderr.read().decode()[-500:]
+    assert server.wait(20) == 0, server.stderr.read().decode()[-500:]
+    return delta(spine_rx(fabric, 1), before)
+
+
 @pytest.mark.parametrize("fabric", [("square", "spray")], indirect=True, ids=["square-spray"])
 def test_spray_splits_an_mlt_training_job(fabric, tmp_path):
     """A real job over the mlt transport: its datagrams leave leaf1 over both spines evenly.
     (Two spines: OVS maps dp_hash onto a power-of-two number of slots, so with 3 buckets one
     gets about 0.4 of the hash space; docs/platform.md.)"""
-    common = ["--workers", "10.0.0.1:7000", "--servers", "10.0.0.3:7100", "--mode", "ps",
-              "--transport", "mlt", "--link-mbps", "100", "--width", "256", "--iterations", "5",
-              "--batch", "16", "--timeout", "20",
-              "--sport-range", "512"]  # a 512-port sample of the hash: split within ~2 points
-    before = spine_rx(fabric, 1)
-    server = fabric.popen("h3", [PYTHON, "-m", "hostapps", "server", "--rank", "0",
-                                       "--out", str(tmp_path / "s"), *common], cwd=REPO)
-    worker = fabric.popen("h1", [PYTHON, "-m", "hostapps", "worker", "--rank", "0",
-                                       "--out", str(tmp_path / "w"), *common], cwd=REPO)
-    assert worker.wait(60) == 0, worker.stderr.read().decode()[-500:]
-    assert server.wait(20) == 0, server.stderr.read().decode()[-500:]
-    share = delta(spine_rx(fabric, 1), before)
+    share = run_mlt_ps_job(fabric, tmp_path, "--width", "256", "--iterations", "5",
+                           "--sport-range", "512")  # a 512-port sample of the hash: split within ~2 points
     total = sum(share.values())
     print("mlt job, packets per spine:", {s: round(p / total, 3) for s, p in share.items()})
     assert total > 1000  # 5 pushes of ~270 KB in 1400-byte datagrams
     assert all(abs(p / total - 1 / 2) <= 0.10 for p in share.values()), share
+
+
+@pytest.mark.parametrize("fabric", [("square", "spray")], indirect=True, ids=["square-spray"])
+def test_spray_steers_an_mlt_job_around_a_spine_full_of_bulk_traffic(fabric, tmp_path):
+    """Bulk TCP from h2 to h4 holds one of leaf1's uplinks (a TCP 5-tuple takes one path) and fills its
+    queue; a worker on h1 pushing to a server on h3 over mlt moves its datagrams to the other spine once
+    the server names the source ports whose datagrams were overtaken (hostapps.mlt.paths).  Sprayed blind,
+    half of them would queue behind the bulk."""
+    iperf_server, bulk = iperf(fabric, "h2", "h4", 5301, 25)
+    time.sleep(2)  # TCP at full rate
+    before = spine_rx(fabric, 1)
+    time.sleep(1)
+    bulk_spine = max(delta(spine_rx(fabric, 1), before).items(), key=lambda item: item[1])[0]
+    received = run_mlt_ps_job(fabric, tmp_path, "--width", "512", "--iterations", "10")
+    bulk.kill()
+    iperf_server.kill()
+    sent = json.loads((tmp_path / "w" / "summary.json").read_text())["transport"]
+    queued = json.loads((tmp_path / "s" / "summary.json").read_text())["transport"]["datagrams_queued"]
+    # what the free spine took from leaf1 is the job's (its data, and the worker's few control frames)
+    free = sum(packets for spine, packets in received.items() if spine != bulk_spine)
+    print(f"bulk on {bulk_spine}; the worker sent {sent['datagrams_sent']} datagrams, the free spine carried "
+          f"{free} packets from leaf1; {queued} datagrams queued, {sent['paths_reports']} reports")
+    assert sent["datagrams_sent"] > 1000 and queued > 0 and sent["paths_reports"] > 0
+    assert free >= 0.8 * sent["datagrams_sent"]

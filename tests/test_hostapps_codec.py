@@ -48,7 +48,7 @@ def _header(**changes):
 @pytest.mark.parametrize("changes, message", [
     (dict(magic=b"XX"), "bad magic"),
     (dict(version=9), "unsupported version"),
-    (dict(kind=8), "unknown frame kind"),
+    (dict(kind=max(codec.KINDS) + 1), "unknown frame kind"),
     (dict(role=5), "unknown sender role"),
     (dict(offset=2, length=4, total=4), "outside"),
     (dict(total=codec.MAX_MESSAGE_BYTES + 1, length=0), "exceeds"),

@@ -17,7 +17,7 @@ from hostapps.collectives import ring_phase
 from hostapps.config import Model, ProcessConfig, build_model
 from hostapps.mlt import (MltOptions, MltTransport, RateControl, Reassembly, fragments_to_resend,
                           least_important_fragments, missing_fragments)
-from hostapps.mlt import pacing, receiver as mlt_receiver, sender as mlt_sender
+from hostapps.mlt import pacing, receiver as mlt_receiver, sender as mlt_sender, wire
 from hostapps.transport import MessageKey, Peer, TransportError
 from helpers.loopback import run_job
 
@@ -207,7 +207,7 @@ def valid_datagram() -> bytes:
 
 def test_datagram_round_trip():
     datagram = codec.decode_datagram(memoryview(valid_datagram()))
-    assert (datagram.frame.offset, datagram.sequence, datagram.fragment_bytes, len(datagram.payload)) == (
+    assert (datagram.frame.offset, datagram.sent_us, datagram.fragment_bytes, len(datagram.payload)) == (
         200, 5, 100, 100)
 
 
@@ -263,6 +263,23 @@ def test_nack_retransmission_fills_the_gaps(loopback_addresses):
     assert np.array_equal(out, values)
     assert receiver.stats.nacks_sent >= 1 and sender.stats.fragments_retransmitted >= len(first_pass_drops) == 48
     close_pair(sender, receiver)
+
+
+def test_each_datagram_is_timed_from_its_send_stamp_to_the_kernels_arrival_stamp(loopback_addresses):
+    """Every data datagram reaches the path monitor from one of the sender's source ports, after a delay
+    that is small and not negative: one clock, stamped as it left and as it arrived."""
+    sender, receiver = transport_pair(loopback_addresses)
+    observed = []
+    receiver._monitor.observe = lambda peer, port, delay, now: observed.append((peer, port, delay))
+    values = np.arange(20_000, dtype=np.float32)
+    sender.send(RECEIVER, KEY, values)
+    out = np.empty_like(values)
+    receiver.recv(SENDER, KEY, out)
+    close_pair(sender, receiver)
+    assert len(observed) == wire.fragment_count(values.nbytes, sender.options.mtu_payload)
+    assert {peer for peer, _, _ in observed} == {SENDER}
+    assert {port for _, port, _ in observed} <= set(sender._source_ports)
+    assert all(0 <= delay < 0.5 for _, _, delay in observed), sorted(delay for _, _, delay in observed)[-3:]
 
 
 class RefusingSocket:

@@ -11,6 +11,7 @@ One concept per module; only transport.py has sockets, threads or a clock:
 - receiver: the receiving state machine (reassembly, completion, ACK/NACK, rate advice);
 - sender: the sending state machine (kept messages, resends, probes, drop marking);
 - pacing: per-peer AIMD rate control and the host-wide pacer that picks which peer sends next;
+- paths: congestion-aware spraying (the receiver names the source ports that queued, the sender avoids them);
 - peers: who the peers are, which datagrams count as theirs, their connection's life cycle;
 - options: MltOptions (what a job sets) and MltStats (what a process counts);
 - transport: MltTransport, the thin shell: sockets and the threads that carry out what the machines say.

@@ -38,3 +38,5 @@ class MltStats:
     mismatched: int = 0              # another size or fragment grid than the message it names
     late_feedback: int = 0           # ACK/NACK of a message no longer kept (a duplicate, or a forgery)
     internal_errors: int = 0         # a bug: handling one datagram (or a retransmission) raised
+    datagrams_queued: int = 0        # received after queueing longer than their sender's recent ones (paths)
+    paths_reports: int = 0           # PATHS frames heard: congested source ports to avoid

@@ -28,7 +28,6 @@ message for a few round trips, not for a fixed 100 ms.
 Drop marking sends the least important fragments of a worker's first pass of a message that
 tolerates loss as lower-effort (LE_DSCP).  docs/mlt.md has the protocol.
 """
-import itertools
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -114,10 +113,11 @@ class Pass:
 
 
 class Emission(NamedTuple):
-    """One DATA datagram: header and payload, to send from a source socket of `dscp`, not before `at`."""
+    """One DATA datagram: header (its send time stamped as it leaves) and payload, to send with `dscp`,
+    not before `at`."""
     peer: Peer
     frame: codec.Frame
-    header: bytes
+    header: bytearray
     payload: memoryview
     dscp: int
     lower_effort: bool    # a fragment the drop marking lets go (dscp is LE_DSCP)
@@ -145,7 +145,6 @@ class Sender:
         self._passes: dict[Peer, deque[Pass]] = {}  # only peers with a pass waiting
         self._dscp: dict[Peer, int] = {}
         self._feedback_delay: dict[Peer, tuple[float, float]] = {}  # per peer: smoothed, variation
-        self._sequence = itertools.count()
         self._first_passes: list[Outgoing] = []  # messages whose first pass is not all handed out, oldest first
         self._served: dict[Peer, tuple[int, int]] = {}  # per peer: its latest iteration, first-pass bytes of it
 
@@ -258,8 +257,7 @@ class Sender:
         offset = index * self.fragment_bytes
         length = message.length(index, self.fragment_bytes)
         frame = wire.data_frame(self.me, self.job, message.key, offset, length, message.payload.size)
-        header = codec.encode_datagram_header(frame, next(self._sequence) & 0xFFFFFFFF, self.fragment_bytes,
-                                              message.required)
+        header = bytearray(codec.encode_datagram_header(frame, 0, self.fragment_bytes, message.required))
         lower = first and message.marked is not None and bool(message.marked[index])
         return Emission(message.peer, frame, header, message.view[offset:offset + length],
                         LE_DSCP if lower else message.dscp, lower, at, message, first, ends)

@@ -1,8 +1,9 @@
 """The mlt transport: sockets and threads around the sender and receiver state machines.
 
 Each process has one home socket at its --workers/--servers address, where its peers' data and
-control datagrams (ACK/NACK, RATE, HELLO/BYE/ABORT) all arrive, and a pool of --sport-range source
-sockets: every data datagram leaves from one drawn at random, its DSCP set per datagram (IP_TOS
+control datagrams (ACK/NACK, RATE, PATHS, HELLO/BYE/ABORT) all arrive, and a pool of --sport-range
+source sockets: every data datagram leaves from one drawn at random (away from the ports its receiver
+reported congested: hostapps.mlt.paths), stamped with its send time, its DSCP set per datagram (IP_TOS
 ancillary data), so a fabric that hashes the UDP 5-tuple sprays a message over every path.  A leaf's
 split over its spines is a sample of that hash over the source ports: with 128 ports one side took
 about 7% more than the mean, with 1024 about 2.5% (|a - b| / (a + b) ~ sqrt(2 / (pi n))).
@@ -25,9 +26,9 @@ reported once, but the loops go on.
 """
 import errno
 import os
-import random
 import resource
 import socket
+import struct
 import sys
 import threading
 import time
@@ -40,6 +41,7 @@ from hostapps import codec
 from hostapps.mlt import wire
 from hostapps.mlt.options import MltOptions, MltStats
 from hostapps.mlt.pacing import PACING_MIN_SLEEP_S
+from hostapps.mlt.paths import PathChooser, PathMonitor
 from hostapps.mlt.peers import Peers
 from hostapps.mlt.receiver import Action, Delivery, Reassembly, Receiver, Reply
 from hostapps.mlt.sender import Emission, Sender
@@ -52,6 +54,9 @@ TURN_WAIT_S = 0.01  # a first pass waiting its turn looks again this often at th
 FILES_BESIDE_SOURCES = 256  # open files kept free beside the source sockets (other transports, logs, peers)
 RECEIVE_BUFFER_BYTES = 8 << 20
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)  # Linux; Python does not export it
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux: each datagram's arrival time (CLOCK_REALTIME)
+TIMESPEC = struct.Struct("@qq")
+ARRIVAL_ANCILLARY_BYTES = socket.CMSG_SPACE(TIMESPEC.size)
 
 # A test hook: called with each data frame about to be sent; True drops it.
 DropFunction = Callable[[codec.Frame], bool]
@@ -71,6 +76,15 @@ def _source_sockets(host: str, count: int) -> list[socket.socket]:
         sock.bind((host, 0))
         pool.append(sock)
     return pool
+
+
+def _arrival_us(ancillary: list[tuple[int, int, bytes]]) -> int | None:
+    """A received datagram's kernel arrival time in microseconds (CLOCK_REALTIME), from SO_TIMESTAMPNS."""
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= TIMESPEC.size:
+            seconds, nanoseconds = TIMESPEC.unpack_from(data)
+            return seconds * 1_000_000 + nanoseconds // 1000
+    return None
 
 
 # Per DSCP, the ancillary data that sends a datagram with it (built once: sendmsg runs per datagram).
@@ -98,6 +112,9 @@ class MltTransport(Transport):
         self._turn = threading.Condition(self._lock)
         self._progress = threading.Condition(self._lock)
         self._sources: list[socket.socket] = []
+        self._source_ports: list[int] = []
+        self._paths: PathChooser | None = None  # which source port each datagram leaves from: with the pool
+        self._monitor = PathMonitor(wire.wire_bytes(self.options.mtu_payload), self.options.link_mbps)  # receive loop's
         self._sources_lock = threading.Lock()
         self._bug_reported = False
         self._stopped = threading.Event()
@@ -111,6 +128,7 @@ class MltTransport(Transport):
         except OSError as e:
             self._home.close()
             raise TransportError(f"{me} cannot listen on {format_address(listen)}: {e.strerror or e}")
+        self._home.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)  # the kernel's arrival times: path delays
         self._home.settimeout(max(0.001, self.options.quiet_s / 2))
         self._threads = [threading.Thread(target=self._receive_loop, daemon=True, name=f"mlt-recv-{me}"),
                          threading.Thread(target=self._send_loop, daemon=True, name=f"mlt-send-{me}")]
@@ -290,15 +308,19 @@ class MltTransport(Transport):
             self._internal_error("a retransmission" if not emission.first else "a datagram to send", e)
 
     def _emit(self, emission: Emission) -> None:
-        """Send one data datagram from a random source socket of its DSCP, unless the drop hook takes it."""
+        """Send one data datagram, stamped with its send time, from a random source socket whose path its
+        peer did not report congested, unless the drop hook takes it."""
         if self._drop is not None and self._drop(emission.frame):
             self.stats.datagrams_dropped += 1
             return
         try:
             sources = self._sources or self._source_pool()
-            sources[random.randrange(len(sources))].sendmsg(
-                [emission.header, emission.payload], TOS_ANCILLARY[emission.dscp], 0,
-                self._peers.addresses[emission.peer])
+            index = self._paths.pick(emission.peer, time.monotonic())
+            # No Python call between reading the clock and sending: the GIL cannot pass to another thread
+            # there, which would make the datagram look overtaken (hostapps.mlt.paths).
+            codec.SENT_US.pack_into(emission.header, codec.HEADER.size, time.time_ns() // 1000 & 0xFFFFFFFF)
+            sources[index].sendmsg([emission.header, emission.payload], TOS_ANCILLARY[emission.dscp], 0,
+                                   self._peers.addresses[emission.peer])
         except OSError as e:
             # A firewall drop (EPERM: nft output hooks, as the runner's loss faults) or a full
             # device queue (ENOBUFS) is packet loss to recover from like any other.
@@ -313,7 +335,10 @@ class MltTransport(Transport):
         """The source sockets, opened by the first datagram sent (later ones read self._sources)."""
         with self._sources_lock:
             if not self._sources:
-                self._sources = _source_sockets(self.listen_address[0], self.options.sport_range)
+                sources = _source_sockets(self.listen_address[0], self.options.sport_range)
+                self._source_ports = [sock.getsockname()[1] for sock in sources]
+                self._paths = PathChooser(self._source_ports)
+                self._sources = sources  # last: other threads read it without the lock
             return self._sources
 
     def _control(self, peer: Peer, kind: int, step: int = 0) -> None:
@@ -347,12 +372,12 @@ class MltTransport(Transport):
         try:
             while not self._stopped.is_set():
                 try:
-                    n, (host, _) = self._home.recvfrom_into(buffer)
+                    n, ancillary, _, (host, port) = self._home.recvmsg_into([buffer], ARRIVAL_ANCILLARY_BYTES)
                 except socket.timeout:
                     n = -1
                 now = time.monotonic()
                 if n >= 0:
-                    self._on_bytes(view[:n], host, now)
+                    self._on_bytes(view[:n], host, port, _arrival_us(ancillary), now)
                 if now >= next_tick:
                     self._tick(now)
                     next_tick = now + self.options.quiet_s / 2
@@ -361,19 +386,21 @@ class MltTransport(Transport):
                 for peer in self._peers.addresses:
                     self._fail_peer(peer, f"is unreachable: {self.me} receiver failed ({e!r})")
 
-    def _on_bytes(self, data: memoryview, host: str, now: float) -> None:
-        """One datagram from `host`; whatever it holds, the receive loop goes on."""
+    def _on_bytes(self, data: memoryview, host: str, port: int, arrival_us: int | None, now: float) -> None:
+        """One datagram from `host`:`port`, the kernel's arrival time `arrival_us` (None if it gave none);
+        whatever it holds, the receive loop goes on."""
         try:
             try:
                 datagram = codec.decode_datagram(data)
             except codec.FrameError:
                 self.stats.malformed += 1
                 return
-            self._on_datagram(datagram, host, now)
+            self._on_datagram(datagram, host, port, arrival_us, now)
         except Exception as e:  # a bug, decoding included
             self._internal_error("a datagram", e)
 
-    def _on_datagram(self, datagram: codec.Datagram, host: str, now: float) -> None:
+    def _on_datagram(self, datagram: codec.Datagram, host: str, port: int, arrival_us: int | None,
+                     now: float) -> None:
         frame = datagram.frame
         peer = self._peers.sender_of(frame, host)
         if peer is None:
@@ -385,6 +412,8 @@ class MltTransport(Transport):
                 if self._sender.advise(peer, datagram.advised_kbps * 125):
                     self._turn.notify_all()
         if frame.kind == codec.KIND_DATA:
+            if arrival_us is not None:
+                self._observe_path(peer, datagram, port, arrival_us)
             self._on_data(peer, datagram, now)
         elif frame.kind in (codec.KIND_ACK, codec.KIND_NACK):
             with self._lock:
@@ -408,15 +437,30 @@ class MltTransport(Transport):
             self.mailbox.peer_gone(peer, "closed the connection")
             if frame.step == 0:
                 self._control(peer, codec.KIND_BYE, step=1)
+        elif frame.kind == codec.KIND_PATHS:
+            self.stats.paths_reports += 1
+            if self._paths is not None:  # else not about a datagram of ours
+                self._paths.hear(peer, wire.path_report(datagram), now)
         elif frame.kind == codec.KIND_ABORT:
             self._fail_peer(peer, "aborted")
+
+    def _observe_path(self, peer: Peer, datagram: codec.Datagram, port: int, arrival_us: int) -> None:
+        """Time a peer's data datagram from its send stamp to the kernel's arrival stamp (both in microseconds
+        modulo 2^32), for the path monitor."""
+        delay_us = (arrival_us - datagram.sent_us) % (1 << 32)
+        if delay_us >= 1 << 31:  # sent "after" it arrived: clocks apart by a constant; only differences count
+            delay_us -= 1 << 32
+        self._monitor.observe(peer, port, delay_us / 1e6, arrival_us / 1e6)
 
     def _on_data(self, peer: Peer, datagram: codec.Datagram, now: float) -> None:
         self._act(self._receiver.on_data(peer, datagram, now))
 
     def _tick(self, now: float) -> None:
-        """The timers of both machines."""
+        """The timers of both machines, and the path monitor's reports."""
         self._act(self._receiver.tick(now))
+        for peer, report in self._monitor.report(now).items():
+            self._send_control(peer, wire.paths(self.me, self.job, report))
+        self.stats.datagrams_queued = self._monitor.flagged
         with self._lock:
             failures = self._sender.tick(now)
             self._wake_sender()

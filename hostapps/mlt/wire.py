@@ -9,7 +9,10 @@ import math
 import numpy as np
 
 from hostapps import codec
+from hostapps.mlt.paths import PathReport
 from hostapps.transport import MessageKey, Peer
+
+PORT = np.dtype(">u2")  # a PATHS frame's ports
 
 IP_UDP_HEADER_BYTES = 28
 FRAME_OVERHEAD = 42  # UDP + IPv4 + Ethernet headers: what the links' HTB shapers count
@@ -57,6 +60,21 @@ def feedback(me: Peer, job: int, key: MessageKey, kind: int, total: int, fragmen
     """An ACK, or a NACK with the bitmap of the missing fragments, of message `key`."""
     frame = codec.Frame(kind, me.role, me.rank, key.step, job, key.iteration, key.tensor, 0, len(bitmap), total)
     return codec.encode_datagram_header(frame, 0, fragment_bytes, delivered, advised_kbps) + bitmap
+
+
+def paths(me: Peer, job: int, report: PathReport) -> bytes:
+    """A PATHS frame: the source ports of the peer's datagrams that queued, then those that went through;
+    `step` says how many queued (hostapps.mlt.paths)."""
+    payload = np.array([*report.congested, *report.clear], dtype=PORT).tobytes()
+    frame = codec.Frame(codec.KIND_PATHS, me.role, me.rank, len(report.congested), job, 0, 0, 0, len(payload),
+                        len(payload))
+    return codec.encode_datagram_header(frame, 0, 0) + payload
+
+
+def path_report(datagram: codec.Datagram) -> PathReport:
+    """What a PATHS frame says."""
+    ports = np.frombuffer(datagram.payload, dtype=PORT).tolist()
+    return PathReport(ports[:datagram.frame.step], ports[datagram.frame.step:])
 
 
 def missing_bitmap(received: np.ndarray) -> bytes:
