@@ -265,21 +265,23 @@ def test_nack_retransmission_fills_the_gaps(loopback_addresses):
     close_pair(sender, receiver)
 
 
-def test_each_datagram_is_timed_from_its_send_stamp_to_the_kernels_arrival_stamp(loopback_addresses):
-    """Every data datagram reaches the path monitor from one of the sender's source ports, after a delay
-    that is small and not negative: one clock, stamped as it left and as it arrived."""
+def test_each_datagram_reaches_the_path_monitor_with_its_port_and_send_stamp(loopback_addresses):
+    """Every data datagram is observed once, from one of the sender's source ports, stamped with the
+    sender's clock as it left (within the send's wall time)."""
     sender, receiver = transport_pair(loopback_addresses)
     observed = []
-    receiver._monitor.observe = lambda peer, port, delay, now: observed.append((peer, port, delay))
+    receiver._monitor.observe = lambda peer, port, sent_us, now: observed.append((peer, port, sent_us))
     values = np.arange(20_000, dtype=np.float32)
+    start_us = time.time_ns() // 1000
     sender.send(RECEIVER, KEY, values)
+    end_us = time.time_ns() // 1000
     out = np.empty_like(values)
     receiver.recv(SENDER, KEY, out)
     close_pair(sender, receiver)
     assert len(observed) == wire.fragment_count(values.nbytes, sender.options.mtu_payload)
     assert {peer for peer, _, _ in observed} == {SENDER}
     assert {port for _, port, _ in observed} <= set(sender._source_ports)
-    assert all(0 <= delay < 0.5 for _, _, delay in observed), sorted(delay for _, _, delay in observed)[-3:]
+    assert all(start_us % (1 << 32) <= sent_us <= end_us % (1 << 32) for _, _, sent_us in observed)
 
 
 class RefusingSocket:

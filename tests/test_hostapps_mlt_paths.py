@@ -21,15 +21,17 @@ def test_the_threshold_is_a_few_frames_at_the_link_rate_and_at_least_a_milliseco
     assert paths.PathMonitor(FRAME, 10_000.0).queue_delay_s == paths.MIN_QUEUE_DELAY_S
 
 
-def arrivals(sends: list[tuple[int, float, float]]) -> list[tuple[int, float, float]]:
-    """(port, delay, arrival) in the order they arrive, of datagrams sent as (port, send time, delay)."""
-    return sorted(((port, delay, sent + delay) for port, sent, delay in sends), key=lambda a: a[2])
+def observe(watch: paths.PathMonitor, peer: Peer, port: int, delay: float, arrival: float) -> None:
+    """A datagram that arrived at `arrival` (seconds), `delay` after it was sent."""
+    watch.observe(peer, port, round((arrival - delay) * 1e6), arrival)
 
 
 def observe_all(watch: paths.PathMonitor, peer: Peer, sends: list[tuple[int, float, float]]) -> float:
-    for port, delay, arrival in arrivals(sends):
-        watch.observe(peer, port, delay, arrival)
-    return max(arrival for _, _, arrival in arrivals(sends))
+    """Datagrams sent as (port, send time, delay), in the order they arrive; the last arrival."""
+    arrivals = sorted(((port, delay, sent + delay) for port, sent, delay in sends), key=lambda a: a[2])
+    for port, delay, arrival in arrivals:
+        observe(watch, peer, port, delay, arrival)
+    return arrivals[-1][2]
 
 
 def test_ports_whose_datagrams_were_overtaken_are_reported_congested_and_the_others_clear():
@@ -53,17 +55,17 @@ def test_without_congestion_nothing_is_reported():
     end = observe_all(watch, SENDER, [(1000 + i, i / 1000, 0.0005) for i in range(200)])
     assert watch.report(end) == {}
     # a stray overtaken datagram: only its port is named
-    watch.observe(SENDER, 1, 0.030, end + 0.001)
-    watch.observe(SENDER, 2, 0.0005, end + 0.002)
+    observe(watch, SENDER, 1, 0.030, end + 0.001)
+    observe(watch, SENDER, 2, 0.0005, end + 0.002)
     assert watch.report(end + 0.01) == {SENDER: paths.PathReport([1], [])}
     # three in a row begin an episode: the ports that went through are named meanwhile
     for i in range(3):
-        watch.observe(SENDER, 3 + i, 0.030, end + 0.011 + i / 1000)
+        observe(watch, SENDER, 3 + i, 0.030, end + 0.011 + i / 1000)
     for i in range(2):
-        watch.observe(SENDER, 6 + i, 0.0005, end + 0.014 + i / 1000)
+        observe(watch, SENDER, 6 + i, 0.0005, end + 0.014 + i / 1000)
     assert watch.report(end + 0.021) == {SENDER: paths.PathReport([3, 4, 5], [6, 7])}
     late = end + 0.021 + paths.ADAPT_S
-    watch.observe(SENDER, 8, 0.0005, late)
+    observe(watch, SENDER, 8, 0.0005, late)
     assert watch.report(late + paths.REPORT_INTERVAL_S) == {}  # the episode is over
 
 
@@ -80,13 +82,21 @@ def test_queueing_every_path_shares_marks_nothing(delay):
 
 def test_senders_are_compared_with_themselves_and_reports_are_spaced():
     watch = monitor()
-    watch.observe(SENDER, 1, 0.0005, 0.0205)  # sent at 0.020
-    watch.observe(OTHER, 2, 0.030, 0.031)     # sent at 0.001 by another sender: nothing overtook it
-    watch.observe(SENDER, 3, 0.030, 0.031)    # sent at 0.001: overtaken by port 1's
+    observe(watch, SENDER, 1, 0.0005, 0.0205)  # sent at 0.020
+    observe(watch, OTHER, 2, 0.030, 0.031)     # sent at 0.001 by another sender: nothing overtook it
+    observe(watch, SENDER, 3, 0.030, 0.031)    # sent at 0.001: overtaken by port 1's
     assert watch.report(0.031) == {SENDER: paths.PathReport([3], [])}
-    watch.observe(SENDER, 4, 0.030, 0.032)
+    observe(watch, SENDER, 4, 0.030, 0.032)
     assert watch.report(0.032 + paths.REPORT_INTERVAL_S / 2) == {}
     assert watch.report(0.032 + paths.REPORT_INTERVAL_S) == {SENDER: paths.PathReport([4], [])}
+
+
+def test_send_stamps_wrap_around():
+    watch = monitor()
+    watch.observe(SENDER, 1, paths.STAMP_RANGE - 1000, 0.0)
+    watch.observe(SENDER, 2, 20_000, 0.001)                   # sent 21 ms later, after the stamps wrapped
+    watch.observe(SENDER, 3, paths.STAMP_RANGE - 500, 0.002)  # overtaken by 20.5 ms
+    assert watch.report(0.01) == {SENDER: paths.PathReport([3], [])}
 
 
 PORTS = list(range(2000, 2064))

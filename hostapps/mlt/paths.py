@@ -3,11 +3,11 @@ that went through.
 
 A fabric that sprays hashes each datagram's 5-tuple onto a spine, blind to the queues there (OVS select
 groups); MLT's switches pick the shorter queue per packet instead.  The hosts get that effect here, as
-REPS (Ultra Ethernet) recycles the entropies whose packets went through uncongested.  The receiver
-times each datagram's one-way delay (the kernel's arrival stamp minus the sender's stamp: one clock on
-one machine, and a constant offset across machines that the comparison cancels): a datagram overtaken
-by one its sender sent more than QUEUE_FRAMES frame times after it (at the receiving link's rate)
-queued that much longer on its way, so it crossed a congested path; the others went through.  It
+REPS (Ultra Ethernet) recycles the entropies whose packets went through uncongested.  Every data
+datagram carries its send time (the sender's clock; only differences of one sender's stamps count,
+so no clock is shared): one that arrives after a datagram its sender sent more than QUEUE_FRAMES frame
+times later (at the receiving link's rate) was overtaken, so it queued that much longer on its way and
+crossed a congested path; the others went through.  It
 names both kinds of source port to the sender (a PATHS frame, at most every REPORT_INTERVAL_S), the
 clear ones only during a congestion episode (EPISODE_STRIKES congested datagrams, each within ADAPT_S
 of the last, begin one; ADAPT_S without one ends it): without congestion a receiver names nothing, and
@@ -17,9 +17,9 @@ that went through since (until one is reported congested), or from a random port
 it knows none.  Otherwise it sprays at random over every port, the most even spread a hash allows.
 
 Delay, not loss: a queue full of bulk TCP delays a datagram long before it drops one.  Overtaking, not
-delay alone: what every path shares (the sender's and the receiver's link, a switch thread that
-stalls) delays datagrams in the order they were sent, and flags nothing; neither does a single path
-(ECMP).  Plain data; the clock is an argument.
+delay: what every path shares (the sender's and the receiver's link, a switch thread that stalls, the
+receiving thread's wait for the GIL) delays datagrams in the order they were sent, and flags nothing;
+neither does a single path (ECMP).  Plain data; the clock is an argument.
 """
 import random
 from typing import NamedTuple
@@ -28,6 +28,8 @@ from hostapps.transport import Peer
 
 QUEUE_FRAMES = 3            # of the receiving link's full frames: overtaken by more than that marks a path
 MIN_QUEUE_DELAY_S = 0.001   # ... and at least this (fast links, timer noise)
+STAMP_RANGE = 1 << 32       # send stamps are microseconds modulo this (71 minutes)
+HALF_STAMP = STAMP_RANGE // 2
 REPORT_INTERVAL_S = 0.01    # a sender hears of its ports at most this often
 MAX_PORTS_PER_REPORT = 512  # 1 KB of payload: one datagram at any MTU
 AVOID_S = 0.5               # a congested port is avoided for 0.5-1.5 x this (spread: they come back one by one)
@@ -50,7 +52,8 @@ class PathMonitor:
     def __init__(self, frame_bytes: int, link_mbps: float):
         """frame_bytes: a full data datagram on the wire; link_mbps: the receiving host's link."""
         self.queue_delay_s = max(MIN_QUEUE_DELAY_S, QUEUE_FRAMES * frame_bytes * 8 / (link_mbps * 1e6))
-        self._latest_sent: dict[Peer, float] = {}  # per sender: the latest send time of its datagrams so far
+        self._queue_delay_us = self.queue_delay_s * 1e6
+        self._latest_sent: dict[Peer, int] = {}  # per sender: the latest send stamp of its datagrams so far
         self._congested: dict[Peer, set[int]] = {}
         self._clear: dict[Peer, set[int]] = {}
         self._episode_until: dict[Peer, float] = {}  # per sender: its clear ports are worth reporting until then
@@ -58,11 +61,12 @@ class PathMonitor:
         self._next_report = 0.0
         self.flagged = 0  # datagrams that queued: a counter for the run's summary
 
-    def observe(self, peer: Peer, port: int, delay_s: float, now: float) -> None:
-        """One data datagram from `peer`'s source `port`, arrived at `now`, `delay_s` after its send stamp."""
-        sent = now - delay_s
-        latest = self._latest_sent.get(peer, sent)
-        if latest - sent > self.queue_delay_s:
+    def observe(self, peer: Peer, port: int, sent_us: int, now: float) -> None:
+        """One data datagram from `peer`'s source `port`, stamped `sent_us` (microseconds modulo 2^32),
+        arrived at `now`."""
+        latest = self._latest_sent.get(peer, sent_us)
+        ahead = (latest - sent_us + HALF_STAMP) % STAMP_RANGE - HALF_STAMP  # of this one, the latest sent before
+        if ahead > self._queue_delay_us:
             self._congested.setdefault(peer, set()).add(port)
             self.flagged += 1
             strikes = self._strikes.get(peer, (0, 0.0))
@@ -72,7 +76,8 @@ class PathMonitor:
                 self._episode_until[peer] = now + ADAPT_S
         elif self._episode_until.get(peer, 0.0) > now:  # the sender sends from clear ports only meanwhile
             self._clear.setdefault(peer, set()).add(port)
-        self._latest_sent[peer] = max(latest, sent)
+        if ahead <= 0:
+            self._latest_sent[peer] = sent_us
 
     def report(self, now: float) -> dict[Peer, PathReport]:
         """The ports heard since the last report, per sender (nothing before REPORT_INTERVAL_S); a port heard

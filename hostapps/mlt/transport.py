@@ -28,7 +28,6 @@ import errno
 import os
 import resource
 import socket
-import struct
 import sys
 import threading
 import time
@@ -54,9 +53,6 @@ TURN_WAIT_S = 0.01  # a first pass waiting its turn looks again this often at th
 FILES_BESIDE_SOURCES = 256  # open files kept free beside the source sockets (other transports, logs, peers)
 RECEIVE_BUFFER_BYTES = 8 << 20
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)  # Linux; Python does not export it
-SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux: each datagram's arrival time (CLOCK_REALTIME)
-TIMESPEC = struct.Struct("@qq")
-ARRIVAL_ANCILLARY_BYTES = socket.CMSG_SPACE(TIMESPEC.size)
 
 # A test hook: called with each data frame about to be sent; True drops it.
 DropFunction = Callable[[codec.Frame], bool]
@@ -76,15 +72,6 @@ def _source_sockets(host: str, count: int) -> list[socket.socket]:
         sock.bind((host, 0))
         pool.append(sock)
     return pool
-
-
-def _arrival_us(ancillary: list[tuple[int, int, bytes]]) -> int | None:
-    """A received datagram's kernel arrival time in microseconds (CLOCK_REALTIME), from SO_TIMESTAMPNS."""
-    for level, kind, data in ancillary:
-        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= TIMESPEC.size:
-            seconds, nanoseconds = TIMESPEC.unpack_from(data)
-            return seconds * 1_000_000 + nanoseconds // 1000
-    return None
 
 
 # Per DSCP, the ancillary data that sends a datagram with it (built once: sendmsg runs per datagram).
@@ -128,7 +115,6 @@ class MltTransport(Transport):
         except OSError as e:
             self._home.close()
             raise TransportError(f"{me} cannot listen on {format_address(listen)}: {e.strerror or e}")
-        self._home.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)  # the kernel's arrival times: path delays
         self._home.settimeout(max(0.001, self.options.quiet_s / 2))
         self._threads = [threading.Thread(target=self._receive_loop, daemon=True, name=f"mlt-recv-{me}"),
                          threading.Thread(target=self._send_loop, daemon=True, name=f"mlt-send-{me}")]
@@ -372,12 +358,12 @@ class MltTransport(Transport):
         try:
             while not self._stopped.is_set():
                 try:
-                    n, ancillary, _, (host, port) = self._home.recvmsg_into([buffer], ARRIVAL_ANCILLARY_BYTES)
+                    n, (host, port) = self._home.recvfrom_into(buffer)
                 except socket.timeout:
                     n = -1
                 now = time.monotonic()
                 if n >= 0:
-                    self._on_bytes(view[:n], host, port, _arrival_us(ancillary), now)
+                    self._on_bytes(view[:n], host, port, now)
                 if now >= next_tick:
                     self._tick(now)
                     next_tick = now + self.options.quiet_s / 2
@@ -386,21 +372,19 @@ class MltTransport(Transport):
                 for peer in self._peers.addresses:
                     self._fail_peer(peer, f"is unreachable: {self.me} receiver failed ({e!r})")
 
-    def _on_bytes(self, data: memoryview, host: str, port: int, arrival_us: int | None, now: float) -> None:
-        """One datagram from `host`:`port`, the kernel's arrival time `arrival_us` (None if it gave none);
-        whatever it holds, the receive loop goes on."""
+    def _on_bytes(self, data: memoryview, host: str, port: int, now: float) -> None:
+        """One datagram from `host`:`port`; whatever it holds, the receive loop goes on."""
         try:
             try:
                 datagram = codec.decode_datagram(data)
             except codec.FrameError:
                 self.stats.malformed += 1
                 return
-            self._on_datagram(datagram, host, port, arrival_us, now)
+            self._on_datagram(datagram, host, port, now)
         except Exception as e:  # a bug, decoding included
             self._internal_error("a datagram", e)
 
-    def _on_datagram(self, datagram: codec.Datagram, host: str, port: int, arrival_us: int | None,
-                     now: float) -> None:
+    def _on_datagram(self, datagram: codec.Datagram, host: str, port: int, now: float) -> None:
         frame = datagram.frame
         peer = self._peers.sender_of(frame, host)
         if peer is None:
@@ -412,8 +396,7 @@ class MltTransport(Transport):
                 if self._sender.advise(peer, datagram.advised_kbps * 125):
                     self._turn.notify_all()
         if frame.kind == codec.KIND_DATA:
-            if arrival_us is not None:
-                self._observe_path(peer, datagram, port, arrival_us)
+            self._monitor.observe(peer, port, datagram.sent_us, now)
             self._on_data(peer, datagram, now)
         elif frame.kind in (codec.KIND_ACK, codec.KIND_NACK):
             with self._lock:
@@ -444,13 +427,6 @@ class MltTransport(Transport):
         elif frame.kind == codec.KIND_ABORT:
             self._fail_peer(peer, "aborted")
 
-    def _observe_path(self, peer: Peer, datagram: codec.Datagram, port: int, arrival_us: int) -> None:
-        """Time a peer's data datagram from its send stamp to the kernel's arrival stamp (both in microseconds
-        modulo 2^32), for the path monitor."""
-        delay_us = (arrival_us - datagram.sent_us) % (1 << 32)
-        if delay_us >= 1 << 31:  # sent "after" it arrived: clocks apart by a constant; only differences count
-            delay_us -= 1 << 32
-        self._monitor.observe(peer, port, delay_us / 1e6, arrival_us / 1e6)
 
     def _on_data(self, peer: Peer, datagram: codec.Datagram, now: float) -> None:
         self._act(self._receiver.on_data(peer, datagram, now))
