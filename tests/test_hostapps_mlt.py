@@ -270,7 +270,7 @@ def test_each_datagram_reaches_the_path_monitor_with_its_port_and_send_stamp(loo
     sender's clock as it left (within the send's wall time)."""
     sender, receiver = transport_pair(loopback_addresses)
     observed = []
-    receiver._monitor.observe = lambda peer, port, sent_us, now: observed.append((peer, port, sent_us))
+    receiver._monitor.observe = lambda peer, port, sent_us, now, dscp: observed.append((peer, port, sent_us))
     values = np.arange(20_000, dtype=np.float32)
     start_us = time.time_ns() // 1000
     sender.send(RECEIVER, KEY, values)

@@ -154,3 +154,12 @@ def test_a_paths_frame_round_trips_and_a_malformed_one_is_refused():
         frame = codec.Frame(codec.KIND_PATHS, "worker", 0, step, 5, 0, 0, 0, len(payload), len(payload))
         with pytest.raises(codec.FrameError, match="16-bit ports"):
             codec.decode_datagram(memoryview(codec.encode_datagram_header(frame, 0, 0) + payload))
+
+
+def test_only_datagrams_of_one_class_are_compared():
+    """Strict priority lets a later datagram of a higher class overtake on any path: no congestion."""
+    watch = monitor()
+    watch.observe(SENDER, 2, round(0.020 * 1e6), 0.0205, dscp=40)    # CS5, sent at 0.020, arrives first
+    observe(watch, SENDER, 1, 0.030, 0.031)                          # CS0, sent at 0.001: another class
+    watch.observe(SENDER, 3, round(0.002 * 1e6), 0.032, dscp=40)     # CS5, sent at 0.002: overtaken
+    assert watch.report(0.04) == {SENDER: paths.PathReport([3], [])}

@@ -5,16 +5,16 @@ A fabric that sprays hashes each datagram's 5-tuple onto a spine, blind to the q
 groups); MLT's switches pick the shorter queue per packet instead.  The hosts get that effect here, as
 REPS (Ultra Ethernet) recycles the entropies whose packets went through uncongested.  Every data
 datagram carries its send time (the sender's clock; only differences of one sender's stamps count,
-so no clock is shared): one that arrives after a datagram its sender sent more than QUEUE_FRAMES frame
-times later (at the receiving link's rate) was overtaken, so it queued that much longer on its way and
-crossed a congested path; the others went through.  It
-names both kinds of source port to the sender (a PATHS frame, at most every REPORT_INTERVAL_S), the
-clear ones only during a congestion episode (EPISODE_STRIKES congested datagrams, each within ADAPT_S
-of the last, begin one; ADAPT_S without one ends it): without congestion a receiver names nothing, and
-after a stray one only that port.  The sender avoids a congested port for about AVOID_S, and while it
-hears of clear ports (ADAPT_S since the last) it sends each datagram from a random one of the ports
-that went through since (until one is reported congested), or from a random port not avoided while
-it knows none.  Otherwise it sprays at random over every port, the most even spread a hash allows.
+so no clock is shared): one that arrives after a datagram of its class its sender sent more than
+QUEUE_FRAMES frame times later (at the receiving link's rate) was overtaken, so it queued that much
+longer on its way and crossed a congested path; the others went through.  The receiver names both
+kinds of source port to the sender (a PATHS frame, at most every REPORT_INTERVAL_S), the clear ones
+only during a congestion episode (EPISODE_STRIKES congested datagrams, each within ADAPT_S of the
+last, begin one; ADAPT_S without one ends it): without congestion it names nothing, and after a stray
+one only that port.  The sender avoids a congested port for about AVOID_S, and while it hears of
+clear ports (ADAPT_S since the last) it sends each datagram from a random one of the ports that went
+through since (until one is reported congested), or from a random port not avoided while it knows
+none.  Otherwise it sprays at random over every port, the most even spread a hash allows.
 
 Delay, not loss: a queue full of bulk TCP delays a datagram long before it drops one.  Overtaking, not
 delay: what every path shares (the sender's and the receiver's link, a switch thread that stalls, the
@@ -53,18 +53,21 @@ class PathMonitor:
         """frame_bytes: a full data datagram on the wire; link_mbps: the receiving host's link."""
         self.queue_delay_s = max(MIN_QUEUE_DELAY_S, QUEUE_FRAMES * frame_bytes * 8 / (link_mbps * 1e6))
         self._queue_delay_us = self.queue_delay_s * 1e6
-        self._latest_sent: dict[Peer, int] = {}  # per sender: the latest send stamp of its datagrams so far
+        self._latest_sent: dict[tuple[Peer, int], int] = {}  # per sender and DSCP: the latest send stamp so far
         self._congested: dict[Peer, set[int]] = {}
         self._clear: dict[Peer, set[int]] = {}
         self._episode_until: dict[Peer, float] = {}  # per sender: its clear ports are worth reporting until then
-        self._strikes: dict[Peer, tuple[int, float]] = {}  # per sender: congested datagrams in a row, the last's time
+        self._strikes: dict[Peer, tuple[int, float]] = {}  # per sender: congested datagrams, each within ADAPT_S
+        #                                                   of the last, and the last's time
         self._next_report = 0.0
         self.flagged = 0  # datagrams that queued: a counter for the run's summary
 
-    def observe(self, peer: Peer, port: int, sent_us: int, now: float) -> None:
+    def observe(self, peer: Peer, port: int, sent_us: int, now: float, dscp: int = 0) -> None:
         """One data datagram from `peer`'s source `port`, stamped `sent_us` (microseconds modulo 2^32),
-        arrived at `now`."""
-        latest = self._latest_sent.get(peer, sent_us)
+        arrived at `now`.  Only datagrams of one DSCP are compared: strict priority lets another class
+        overtake them on any path."""
+        queue = (peer, dscp)
+        latest = self._latest_sent.get(queue, sent_us)
         ahead = (latest - sent_us + HALF_STAMP) % STAMP_RANGE - HALF_STAMP  # of this one, the latest sent before
         if ahead > self._queue_delay_us:
             self._congested.setdefault(peer, set()).add(port)
@@ -77,7 +80,7 @@ class PathMonitor:
         elif self._episode_until.get(peer, 0.0) > now:  # the sender sends from clear ports only meanwhile
             self._clear.setdefault(peer, set()).add(port)
         if ahead <= 0:
-            self._latest_sent[peer] = sent_us
+            self._latest_sent[queue] = sent_us
 
     def report(self, now: float) -> dict[Peer, PathReport]:
         """The ports heard since the last report, per sender (nothing before REPORT_INTERVAL_S); a port heard

@@ -303,8 +303,10 @@ class MltTransport(Transport):
             sources = self._sources or self._source_pool()
             index = self._paths.pick(emission.peer, time.monotonic())
             # No Python call between reading the clock and sending: the GIL cannot pass to another thread
-            # there, which would make the datagram look overtaken (hostapps.mlt.paths).
-            codec.SENT_US.pack_into(emission.header, codec.HEADER.size, time.time_ns() // 1000 & 0xFFFFFFFF)
+            # there, which would make the datagram look overtaken (hostapps.mlt.paths).  A lower-effort one
+            # goes unstamped: its own queue lets the others overtake it on any path.
+            if not emission.lower_effort:
+                codec.SENT_US.pack_into(emission.header, codec.HEADER.size, time.time_ns() // 1000 & 0xFFFFFFFF or 1)
             sources[index].sendmsg([emission.header, emission.payload], TOS_ANCILLARY[emission.dscp], 0,
                                    self._peers.addresses[emission.peer])
         except OSError as e:
@@ -396,7 +398,8 @@ class MltTransport(Transport):
                 if self._sender.advise(peer, datagram.advised_kbps * 125):
                     self._turn.notify_all()
         if frame.kind == codec.KIND_DATA:
-            self._monitor.observe(peer, port, datagram.sent_us, now)
+            if datagram.sent_us:  # unstamped: a lower-effort datagram, queued apart from the others on every hop
+                self._monitor.observe(peer, port, datagram.sent_us, now, self.options.tensor_dscp.get(frame.tensor, 0))
             self._on_data(peer, datagram, now)
         elif frame.kind in (codec.KIND_ACK, codec.KIND_NACK):
             with self._lock:
