@@ -25,6 +25,9 @@ PS_UPDATES = ("tensor", "iteration")
 # The order backprop runs a profile's layers in: reversed, as frameworks do, or Caramel's reordering.
 BACKWARD_ORDERS = ("reverse", "caramel")
 TRANSPORTS = ("tcp", "mlt")
+# How mlt draws a datagram's source port on a spraying fabric: away from the paths its receiver saw
+# queue (hostapps.mlt.paths), or blind, at random over every port.
+SPRAY_MODES = ("adaptive", "blind")
 ROLES = ("worker", "server")
 U32 = 2**32 - 1        # the frame header's job field; numpy's and scikit-learn's largest seed
 MAX_TIMEOUT_S = 86400  # a day, far beyond any run (waits overflow past threading.TIMEOUT_MAX, ~292 years)
@@ -87,6 +90,7 @@ class Training:
     transport: str = knob("tcp", choices=lambda: TRANSPORTS)
     loss_bound: float = knob(0.0, "a fraction in [0, 1) (transport mlt)", lambda x: 0 <= x < 1)
     drop_marking: bool = knob(False, "true or false (transport mlt with loss_bound > 0)")
+    spray: str = knob("adaptive", choices=lambda: SPRAY_MODES)
     send_order: str = knob("ready", choices=send_order_names)
     fusion: str = knob("none", f"none, horovod, ddp or a bucket size in bytes as a string, {PIECE_BYTES} "
                        "(allreduce)", _fusion)
@@ -117,6 +121,9 @@ def check_training(job: Training, label: Callable[[str], str], error: type[Schem
     if job.loss_bound > 0 and job.transport != "mlt":
         raise error(label("loss_bound"), f"{job.loss_bound:g} is not allowed (0 with transport tcp (a loss bound "
                     f"needs the loss-tolerant transport: {label('transport')} mlt))")
+    if job.spray != "adaptive" and job.transport != "mlt":
+        raise error(label("spray"), f"{job.spray!r} is not allowed (adaptive unless {label('transport')} mlt: "
+                    "only mlt draws a source port per datagram)")
     if job.drop_marking and job.loss_bound == 0:
         raise error(label("drop_marking"), f"true is not allowed (false unless {label('loss_bound')} > 0 with "
                     "transport mlt)")

@@ -71,6 +71,10 @@ MALFORMED = [
     ("job: {transport: quic}", "job.transport: 'quic' is not allowed (one of tcp, mlt)"),
     ("job: {loss_bound: 0.05}", "job.loss_bound: 0.05 is not allowed (0 with transport tcp (a loss bound "
                                 "needs the loss-tolerant transport: job.transport mlt))"),
+    ("job: {spray: blind}",
+     "job.spray: 'blind' is not allowed (adaptive unless job.transport mlt: only mlt draws a source port per "
+     "datagram)"),
+    ("job: {transport: mlt, spray: hashed}", "job.spray: 'hashed' is not allowed (one of adaptive, blind)"),
     ("job: {transport: mlt, drop_marking: true}",
      "job.drop_marking: true is not allowed (false unless job.loss_bound > 0 with transport mlt)"),
     ("job: {drop_marking: 1}", "job.drop_marking: 1 is not allowed (true or false (transport mlt with "

@@ -265,6 +265,16 @@ def test_nack_retransmission_fills_the_gaps(loopback_addresses):
     close_pair(sender, receiver)
 
 
+def test_blind_spraying_leaves_the_path_monitor_out(loopback_addresses):
+    sender, receiver = transport_pair(loopback_addresses, options=MltOptions(link_mbps=10000, adaptive_spray=False))
+    observed = []
+    receiver._monitor.observe = lambda *args: observed.append(args)
+    sender.send(RECEIVER, KEY, np.arange(20_000, dtype=np.float32))
+    receiver.recv(SENDER, KEY, np.empty(20_000, dtype=np.float32))
+    close_pair(sender, receiver)
+    assert observed == []
+
+
 def test_each_datagram_reaches_the_path_monitor_with_its_port_and_send_stamp(loopback_addresses):
     """Every data datagram is observed once, from one of the sender's source ports, stamped with the
     sender's clock as it left (within the send's wall time)."""

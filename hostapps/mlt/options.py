@@ -18,6 +18,9 @@ class MltOptions:
     tensor_dscp: dict[int, int] = field(default_factory=dict)
     # the largest message any process of the job sends: a DATA frame declaring more is dropped, not allocated
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    # receivers name the source ports whose datagrams queued, senders steer away (hostapps.mlt.paths);
+    # False: every datagram's port at random (blind spraying)
+    adaptive_spray: bool = True
 
 
 @dataclass

@@ -33,7 +33,8 @@ HALF_STAMP = STAMP_RANGE // 2
 REPORT_INTERVAL_S = 0.01    # a sender hears of its ports at most this often
 MAX_PORTS_PER_REPORT = 512  # 1 KB of payload: one datagram at any MTU
 AVOID_S = 0.5               # a congested port is avoided for 0.5-1.5 x this (spread: they come back one by one)
-ADAPT_S = 1.0               # a congestion episode: from its last congested datagram, this long
+ADAPT_S = 3.0               # a congestion episode lasts this long from its last congested datagram (beyond an
+#                             iteration: a PS sends a worker one pull an iteration)
 EPISODE_STRIKES = 3         # congested datagrams, each within ADAPT_S of the last, that begin an episode
 MAX_AVOIDED_SHARE = 7 / 8   # of the ports: when (nearly) every path queues, there is nothing to choose
 PICK_TRIES = 8              # random draws for a port not avoided, then any

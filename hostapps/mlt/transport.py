@@ -398,7 +398,7 @@ class MltTransport(Transport):
                 if self._sender.advise(peer, datagram.advised_kbps * 125):
                     self._turn.notify_all()
         if frame.kind == codec.KIND_DATA:
-            if datagram.sent_us:  # unstamped: a lower-effort datagram, queued apart from the others on every hop
+            if datagram.sent_us and self.options.adaptive_spray:  # unstamped: lower-effort, queued apart
                 self._monitor.observe(peer, port, datagram.sent_us, now, self.options.tensor_dscp.get(frame.tensor, 0))
             self._on_data(peer, datagram, now)
         elif frame.kind in (codec.KIND_ACK, codec.KIND_NACK):
