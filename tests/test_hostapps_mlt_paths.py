@@ -43,9 +43,9 @@ def test_ports_whose_datagrams_were_overtaken_are_reported_congested_and_the_oth
     assert set(reported) == {SENDER}
     # overtaken by an odd port's datagram sent more than 4.32 ms later: all but the last two even ones
     assert reported[SENDER].congested == list(range(1000, 1060, 2))
-    # clear: the odd ports that arrived after the third congested one (the episode began then), and the
+    # clear: the odd ports that arrived after the tenth congested one (the episode began then), and the
     # last two even ones, which nothing sent later enough overtook (the next report would name them)
-    assert reported[SENDER].clear == sorted([*range(1025, 1064, 2), 1060, 1062])
+    assert reported[SENDER].clear == sorted([*range(1039, 1064, 2), 1060, 1062])
     assert watch.flagged == 30
     assert watch.report(end + paths.REPORT_INTERVAL_S) == {}  # reported once
 
@@ -58,15 +58,28 @@ def test_without_congestion_nothing_is_reported():
     observe(watch, SENDER, 1, 0.030, end + 0.001)
     observe(watch, SENDER, 2, 0.0005, end + 0.002)
     assert watch.report(end + 0.01) == {SENDER: paths.PathReport([1], [])}
-    # three in a row begin an episode: the ports that went through are named meanwhile
-    for i in range(3):
-        observe(watch, SENDER, 3 + i, 0.030, end + 0.011 + i / 1000)
+    # EPISODE_STRIKES of them (each within STRIKE_GAP_S of the last) begin an episode: the ports that went
+    # through are named meanwhile
+    strikes = paths.EPISODE_STRIKES
+    for i in range(strikes):
+        observe(watch, SENDER, 10 + i, 0.030, end + 0.011 + i / 1000)
     for i in range(2):
-        observe(watch, SENDER, 6 + i, 0.0005, end + 0.014 + i / 1000)
-    assert watch.report(end + 0.021) == {SENDER: paths.PathReport([3, 4, 5], [6, 7])}
-    late = end + 0.021 + paths.ADAPT_S
-    observe(watch, SENDER, 8, 0.0005, late)
+        observe(watch, SENDER, 100 + i, 0.0005, end + 0.012 + strikes / 1000 + i / 1000)
+    assert watch.report(end + 0.021 + strikes / 1000) == {
+        SENDER: paths.PathReport(list(range(10, 10 + strikes)), [100, 101])}
+    late = end + 0.021 + strikes / 1000 + paths.ADAPT_S
+    observe(watch, SENDER, 102, 0.0005, late)
     assert watch.report(late + paths.REPORT_INTERVAL_S) == {}  # the episode is over
+
+
+def test_stray_congested_datagrams_apart_begin_no_episode():
+    watch = monitor()
+    for i in range(5):  # overtaken datagrams 2 x STRIKE_GAP_S apart, each between clear ones
+        at = i * 2 * paths.STRIKE_GAP_S
+        watch.observe(SENDER, 200 + i, round((at + 0.020) * 1e6), at + 0.0205)
+        watch.observe(SENDER, 100 + i, round(at * 1e6), at + 0.030)  # overtaken by 20 ms
+        watch.observe(SENDER, 300 + i, round((at + 0.021) * 1e6), at + 0.031)
+    assert watch.report(1.0) == {SENDER: paths.PathReport([100, 101, 102, 103, 104], [])}
 
 
 @pytest.mark.parametrize("delay", [
