@@ -30,7 +30,7 @@ from typing import NamedTuple
 from hostapps.transport import Peer
 
 QUEUE_FRAMES = 3            # of the receiving link's full frames: overtaken by more than that marks a path
-MIN_QUEUE_DELAY_S = 0.001   # ... and at least this (fast links, timer noise)
+MIN_QUEUE_DELAY_S = 0.005   # ... and at least this: switch threads reorder paths by a few ms unloaded
 STAMP_RANGE = 1 << 32       # send stamps are microseconds modulo this (71 minutes)
 HALF_STAMP = STAMP_RANGE // 2
 REPORT_INTERVAL_S = 0.01    # a sender hears of its ports at most this often
