@@ -290,7 +290,7 @@ def test_each_datagram_reaches_the_path_monitor_with_its_port_and_send_stamp(loo
     close_pair(sender, receiver)
     assert len(observed) == wire.fragment_count(values.nbytes, sender.options.mtu_payload)
     assert {peer for peer, _, _ in observed} == {SENDER}
-    assert {port for _, port, _ in observed} <= set(sender._source_ports)
+    assert {port for _, port, _ in observed} <= set(sender._paths.ports)
     assert all(start_us % (1 << 32) <= sent_us <= end_us % (1 << 32) for _, _, sent_us in observed)
 
 

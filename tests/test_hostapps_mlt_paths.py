@@ -17,8 +17,9 @@ def monitor() -> paths.PathMonitor:
 
 
 def test_the_threshold_is_a_few_frames_at_the_link_rate_and_at_least_its_floor():
-    assert paths.PathMonitor(FRAME, 10.0).queue_delay_s == pytest.approx(3 * FRAME * 8 / 10e6)
-    assert monitor().queue_delay_s == paths.PathMonitor(FRAME, 10_000.0).queue_delay_s == paths.MIN_QUEUE_DELAY_S
+    assert paths.PathMonitor(FRAME, 10.0).queue_delay_us == pytest.approx(3 * FRAME * 8 / 10)
+    floor_us = 1e6 * paths.MIN_QUEUE_DELAY_S
+    assert monitor().queue_delay_us == paths.PathMonitor(FRAME, 10_000.0).queue_delay_us == floor_us
 
 
 def observe(watch: paths.PathMonitor, peer: Peer, port: int, delay: float, arrival: float) -> None:
@@ -43,9 +44,10 @@ def test_ports_whose_datagrams_were_overtaken_are_reported_congested_and_the_oth
     assert set(reported) == {SENDER}
     # overtaken by an odd port's datagram sent more than 5 ms later: all but the last three even ones
     assert reported[SENDER].congested == list(range(1000, 1058, 2))
-    # clear: the odd ports that arrived after the tenth congested one (the episode began then), and the
-    # last three even ones, which nothing sent later enough overtook (the next report would name them)
-    assert reported[SENDER].clear == sorted([*range(1039, 1064, 2), 1058, 1060, 1062])
+    # clear: the odd ports that arrived after the eleventh congested one (the episode began then: the tenth
+    # arrived 18 ms after the first, and an episode needs ten over 20 ms), and the last three even ones,
+    # which nothing sent later enough overtook (the next report would name them)
+    assert reported[SENDER].clear == sorted([*range(1041, 1064, 2), 1058, 1060, 1062])
     assert watch.flagged == 29
     assert watch.report(end + paths.REPORT_INTERVAL_S) == {}  # reported once
 
@@ -58,16 +60,19 @@ def test_without_congestion_nothing_is_reported():
     observe(watch, SENDER, 1, 0.030, end + 0.001)
     observe(watch, SENDER, 2, 0.0005, end + 0.002)
     assert watch.report(end + 0.01) == {SENDER: paths.PathReport([1], [])}
-    # EPISODE_STRIKES of them (each within STRIKE_GAP_S of the last) begin an episode: the ports that went
-    # through are named meanwhile
-    strikes = paths.EPISODE_STRIKES
-    for i in range(strikes):
-        observe(watch, SENDER, 10 + i, 0.030, end + 0.011 + i / 1000)
+    # EPISODE_STRIKES of them (each within STRIKE_GAP_S of the last, over EPISODE_SPAN_S) begin an episode:
+    # the ports that went through are named meanwhile
+    strikes, spacing = paths.EPISODE_STRIKES, 0.003
+    assert (strikes - 1) * spacing >= paths.EPISODE_SPAN_S and spacing <= paths.STRIKE_GAP_S
+    start = end + 0.002 + 2 * paths.STRIKE_GAP_S  # the stray one does not count
+    for i in range(strikes):  # each overtaken by one sent 29 ms later
+        observe(watch, SENDER, 50 + i, 0.0005, start + i * spacing)
+        observe(watch, SENDER, 10 + i, 0.030, start + 0.0005 + i * spacing)
+    flagged = start + 0.0005 + (strikes - 1) * spacing
     for i in range(2):
-        observe(watch, SENDER, 100 + i, 0.0005, end + 0.012 + strikes / 1000 + i / 1000)
-    assert watch.report(end + 0.021 + strikes / 1000) == {
-        SENDER: paths.PathReport(list(range(10, 10 + strikes)), [100, 101])}
-    late = end + 0.021 + strikes / 1000 + paths.ADAPT_S
+        observe(watch, SENDER, 100 + i, 0.0005, flagged + 0.001 + i / 1000)
+    assert watch.report(flagged + 0.01) == {SENDER: paths.PathReport(list(range(10, 10 + strikes)), [100, 101])}
+    late = flagged + 0.01 + paths.ADAPT_S
     observe(watch, SENDER, 102, 0.0005, late)
     assert watch.report(late + paths.REPORT_INTERVAL_S) == {}  # the episode is over
 
@@ -80,6 +85,18 @@ def test_stray_congested_datagrams_apart_begin_no_episode():
         watch.observe(SENDER, 100 + i, round(at * 1e6), at + 0.030)  # overtaken by 20 ms
         watch.observe(SENDER, 300 + i, round((at + 0.021) * 1e6), at + 0.031)
     assert watch.report(1.0) == {SENDER: paths.PathReport([100, 101, 102, 103, 104], [])}
+
+
+def test_a_stalls_backlog_arriving_at_once_begins_no_episode():
+    """Ten datagrams held 40-50 ms and let go within 12 ms (a CPU's backlog, as measured on the default
+    spec's unloaded fabric): overtaken, so their ports are named, but no episode begins."""
+    watch = monitor()
+    held = range(40, 40 + paths.EPISODE_STRIKES)
+    end = observe_all(watch, SENDER, [
+        (1000 + i, i / 1000, 0.090 + (i - held[0]) * 0.012 / (len(held) - 1) - i / 1000 if i in held else 0.0005)
+        for i in range(120)])
+    assert watch.flagged == len(held)
+    assert watch.report(end) == {SENDER: paths.PathReport([1000 + i for i in held], [])}
 
 
 @pytest.mark.parametrize("delay", [

@@ -4,20 +4,19 @@ that went through.
 A fabric that sprays hashes each datagram's 5-tuple onto a spine, blind to the queues there (OVS select
 groups); MLT's switches pick the shorter queue per packet instead.  The hosts get that effect here, as
 REPS (Ultra Ethernet) recycles the entropies whose packets went through uncongested.  Every data
-datagram carries its send time (the sender's clock; only differences of one sender's stamps count,
-so no clock is shared): one that arrives after a datagram of its class its sender sent more than
-QUEUE_FRAMES frame times later (at the receiving link's rate) was overtaken, so it queued that much
-longer on its way and crossed a congested path; the others went through.  The receiver names both
-kinds of source port to the sender (a PATHS frame, at most every REPORT_INTERVAL_S), the clear ones
-only during a congestion episode (EPISODE_STRIKES congested datagrams, each within STRIKE_GAP_S of
-the last, begin one; ADAPT_S without one ends it): without congestion it names nothing, and after a
-stray one only that port.  The sender avoids a congested port for about AVOID_S, and while it hears
-of clear ports (ADAPT_S since the last) it sends each datagram from a random one of the ports that
-went through since (until one is reported congested), or from a random port not avoided while it
-knows none.  (Exploring a sixteenth of the datagrams at random during an episode, tried, slowed the
-headline's all-reduce from 0.55 to 0.65 s: one datagram in 40 ms of queue delays its whole message.)
-Otherwise it sprays at random over every port, the most
-even spread a hash allows.
+datagram carries its send time (the sender's clock; only differences of one sender's stamps count, so no
+clock is shared): one that arrives after a datagram of its class its sender sent more than QUEUE_FRAMES
+frame times later (at the receiving link's rate) was overtaken, so it queued that much longer on its way
+and crossed a congested path; the others went through.  The receiver names both kinds of source port to
+the sender (a PATHS frame, at most every REPORT_INTERVAL_S), the clear ones only during a congestion
+episode (EPISODE_STRIKES congested datagrams, each within STRIKE_GAP_S of the last and over
+EPISODE_SPAN_S in all, begin one; ADAPT_S without one ends it): without congestion it names nothing, and
+after a stray one only that port.  The sender avoids a congested port for about AVOID_S, and while it
+hears of clear ports (ADAPT_S since the last) it sends each datagram from a random one of the ports that
+went through since (until one is reported congested), or from a random port not avoided while it knows
+none.  (Exploring a sixteenth of the datagrams at random during an episode, tried, slowed the headline's
+all-reduce from 0.55 to 0.65 s: one datagram in 40 ms of queue delays its whole message.) Otherwise it
+sprays at random over every port, the most even spread a hash allows.
 
 Delay, not loss: a queue full of bulk TCP delays a datagram long before it drops one.  Overtaking, not
 delay: what every path shares (the sender's and the receiver's link, a switch thread that stalls, the
@@ -39,7 +38,9 @@ AVOID_S = 0.5               # a congested port is avoided for 0.5-1.5 x this (sp
 ADAPT_S = 3.0               # a congestion episode lasts this long from its last congested datagram (beyond an
 #                             iteration: a PS sends a worker one pull an iteration)
 EPISODE_STRIKES = 10        # congested datagrams, each within STRIKE_GAP_S of the last, begin an episode:
-STRIKE_GAP_S = 0.05         # a queue flags half a message's datagrams at once, a passing transient a few
+STRIKE_GAP_S = 0.05         # a queue flags half a message's datagrams at once, a passing transient a few;
+EPISODE_SPAN_S = 0.02       # ... arriving over this at least: a stall's backlog arrives at once (12 ms, 9 flagged,
+#                             on the default spec's unloaded fabric; a queue's over 30-75 ms in the headline)
 MAX_AVOIDED_SHARE = 7 / 8   # of the ports: when (nearly) every path queues, there is nothing to choose
 PICK_TRIES = 8              # random draws for a port not avoided, then any
 MAX_CLEAR_PORTS = 1024      # ports that went through, kept per peer to send from
@@ -56,14 +57,13 @@ class PathMonitor:
 
     def __init__(self, frame_bytes: int, link_mbps: float):
         """frame_bytes: a full data datagram on the wire; link_mbps: the receiving host's link."""
-        self.queue_delay_s = max(MIN_QUEUE_DELAY_S, QUEUE_FRAMES * frame_bytes * 8 / (link_mbps * 1e6))
-        self._queue_delay_us = self.queue_delay_s * 1e6
+        self.queue_delay_us = 1e6 * max(MIN_QUEUE_DELAY_S, QUEUE_FRAMES * frame_bytes * 8 / (link_mbps * 1e6))
         self._latest_sent: dict[tuple[Peer, int], int] = {}  # per sender and DSCP: the latest send stamp so far
         self._congested: dict[Peer, set[int]] = {}
         self._clear: dict[Peer, set[int]] = {}
         self._episode_until: dict[Peer, float] = {}  # per sender: its clear ports are worth reporting until then
-        self._strikes: dict[Peer, tuple[int, float]] = {}  # per sender: congested datagrams, each within
-        #                                                   STRIKE_GAP_S of the last, and the last's time
+        self._strikes: dict[Peer, tuple[int, float, float]] = {}  # per sender: congested datagrams, each
+        #                                          within STRIKE_GAP_S of the last, the first's time and the last's
         self._next_report = 0.0
         self.flagged = 0  # datagrams that queued: a counter for the run's summary
 
@@ -74,13 +74,14 @@ class PathMonitor:
         queue = (peer, dscp)
         latest = self._latest_sent.get(queue, sent_us)
         ahead = (latest - sent_us + HALF_STAMP) % STAMP_RANGE - HALF_STAMP  # of this one, the latest sent before
-        if ahead > self._queue_delay_us:
+        if ahead > self.queue_delay_us:
             self._congested.setdefault(peer, set()).add(port)
             self.flagged += 1
-            strikes = self._strikes.get(peer, (0, 0.0))
-            strikes = (strikes[0] + 1 if now - strikes[1] <= STRIKE_GAP_S else 1, now)
-            self._strikes[peer] = strikes
-            if strikes[0] >= EPISODE_STRIKES:
+            count, first, last = self._strikes.get(peer, (0, now, now))
+            if now - last > STRIKE_GAP_S:
+                count, first = 0, now
+            self._strikes[peer] = (count + 1, first, now)
+            if count + 1 >= EPISODE_STRIKES and now - first >= EPISODE_SPAN_S:
                 self._episode_until[peer] = now + ADAPT_S
         elif self._episode_until.get(peer, 0.0) > now:  # the sender sends from clear ports only meanwhile
             self._clear.setdefault(peer, set()).add(port)

@@ -99,7 +99,6 @@ class MltTransport(Transport):
         self._turn = threading.Condition(self._lock)
         self._progress = threading.Condition(self._lock)
         self._sources: list[socket.socket] = []
-        self._source_ports: list[int] = []
         self._paths: PathChooser | None = None  # which source port each datagram leaves from: with the pool
         self._monitor = PathMonitor(wire.wire_bytes(self.options.mtu_payload), self.options.link_mbps)  # receive loop's
         self._sources_lock = threading.Lock()
@@ -324,8 +323,7 @@ class MltTransport(Transport):
         with self._sources_lock:
             if not self._sources:
                 sources = _source_sockets(self.listen_address[0], self.options.sport_range)
-                self._source_ports = [sock.getsockname()[1] for sock in sources]
-                self._paths = PathChooser(self._source_ports)
+                self._paths = PathChooser([sock.getsockname()[1] for sock in sources])
                 self._sources = sources  # last: other threads read it without the lock
             return self._sources
 
