@@ -9,12 +9,14 @@ import time
 
 from hostapps.codec import FrameError
 from hostapps.config import ConfigError, config_from_args
+from hostapps.model import limit_blas_threads
 from hostapps.server import run_server
 from hostapps.transport import TransportError
 from hostapps.worker import run_worker
 
 
 def main(argv: list[str]) -> int:
+    limit_blas_threads()
     try:
         cfg = config_from_args(argv)
         if cfg.role == "worker":

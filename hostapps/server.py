@@ -29,7 +29,7 @@ from hostapps.assembly import connect_transport, largest_message_bytes
 from hostapps.collectives import (PS_PULL, PS_PUSH, assign_shards, float_parts, ps_key, ps_phase,
                                   ps_request_key)
 from hostapps.config import ProcessConfig, build_model
-from hostapps.model import FlatModel, Sgd
+from hostapps.model import FlatModel, Sgd, blas_threads
 from hostapps.send_orders import Unit, make_send_order, time_oracle
 from hostapps.sendloop import SendLoop
 from hostapps.records import Recorder
@@ -170,7 +170,7 @@ def run_server(cfg: ProcessConfig) -> dict:
     summary = dict(job=cfg.job, role="server", rank=cfg.rank, mode=cfg.mode, model=cfg.model.name,
                    final_accuracy=None, iterations=cfg.iterations, param_count=int(model.params.size),
                    bytes_per_iteration=int(model.params.nbytes), shard_tensors=shard.tensors,
-                   transport=transport.counters(), timing=timing.summary(),
+                   transport=transport.counters(), timing=timing.summary(), blas_threads=blas_threads(),
                    wall_time_s=time.time() - wall_start)
     if cfg.out:
         recorder.write(cfg.out, shard.tensor_names(), summary, lambda tensor, step: ps_phase(step))

@@ -21,7 +21,7 @@ from hostapps.assembly import connect_transport, largest_message_bytes, plan_pie
 from hostapps.config import ProcessConfig, build_model
 from hostapps.data import ShardedBatches, load_split
 from hostapps.files import atomic_open
-from hostapps.model import FlatModel, Network, Sgd
+from hostapps.model import FlatModel, Network, Sgd, blas_threads
 from hostapps.send_orders import Unit, make_send_order, time_oracle
 from hostapps.sendloop import Agree, SendLoop
 from hostapps.records import Recorder
@@ -280,7 +280,7 @@ def run_worker(cfg: ProcessConfig, on_iteration: Callable[[int], None] | None = 
     summary = dict(job=cfg.job, role="worker", rank=cfg.rank, mode=cfg.mode, model=cfg.model.name,
                    final_accuracy=accuracy, iterations=cfg.iterations, param_count=int(model.params.size),
                    bytes_per_iteration=int(model.params.nbytes), transport=transport.counters(),
-                   timing=timing.summary(),
+                   timing=timing.summary(), blas_threads=blas_threads(),
                    wall_time_s=time.time() - wall_start)
     if cfg.out:
         recorder.write(cfg.out, sync.tensor_names(), summary, sync.phase_of)

@@ -126,6 +126,7 @@ def test_cli_ps_job_writes_the_output_contract(loopback_addresses, tmp_path):
     assert {t["peer"] for t in tensors} == {"server0", "server1"}
     summary = json.loads((tmp_path / "w0" / "summary.json").read_text())
     assert summary["iterations"] == 12 and summary["bytes_per_iteration"] == 4 * summary["param_count"]
+    assert summary["blas_threads"] == 1  # OpenBLAS would take every core, and spin
     assert summary["final_accuracy"] == float(rows[-1]["test_accuracy"]) or abs(
         summary["final_accuracy"] - float(rows[-1]["test_accuracy"])) < 1e-4
     trace = json.loads((tmp_path / "w0" / "trace.json").read_text())
