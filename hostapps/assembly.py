@@ -47,7 +47,8 @@ def connect_transport(cfg: ProcessConfig, recorder: Recorder,
     listen = (cfg.workers if cfg.role == "worker" else cfg.servers)[cfg.rank]
     if cfg.transport == "mlt":
         options = MltOptions(cfg.loss_bound, cfg.sport_range, cfg.mtu_payload, cfg.quiet_ms / 1000, cfg.link_mbps,
-                             cfg.drop_marking, cfg.layer_dscp, max_message_bytes, cfg.spray == "adaptive")
+                             cfg.drop_marking, cfg.layer_dscp, max_message_bytes,
+                             adaptive_spray=cfg.spray == "adaptive")
         transport: TcpTransport | MltTransport = MltTransport(me, listen, cfg.job, cfg.timeout,
                                                               recorder.log_message, options)
     else:

@@ -26,7 +26,8 @@ def limit_blas_threads() -> None:
 
 
 def blas_threads() -> int:
-    """The threads numpy's BLAS may use for one matmul (recorded in summary.json)."""
+    """The most threads any BLAS library loaded here (numpy's, scipy's) may use for one call (recorded in
+    summary.json)."""
     return max((pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"), default=1)
 
 

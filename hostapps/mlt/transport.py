@@ -174,6 +174,7 @@ class MltTransport(Transport):
         self._shutdown()
 
     def counters(self) -> dict[str, float]:
+        self.stats.datagrams_queued = self._monitor.flagged  # the receive loop's monitor counts them
         return asdict(self.stats)
 
     def abort(self) -> None:
@@ -437,7 +438,6 @@ class MltTransport(Transport):
         self._act(self._receiver.tick(now))
         for peer, report in self._monitor.report(now).items():
             self._send_control(peer, wire.paths(self.me, self.job, report))
-        self.stats.datagrams_queued = self._monitor.flagged
         with self._lock:
             failures = self._sender.tick(now)
             self._wake_sender()
