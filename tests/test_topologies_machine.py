@@ -1,5 +1,7 @@
 """The machine under the emulation, from captured command output and a fake /proc/sys: buffers
 are only raised, packet sockets parsed, OVS transmit errors counted, CPU shares computed."""
+import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -9,19 +11,28 @@ from topologies.ovslog import OvsLog, parse_transmit_errors
 
 SS_OUTPUT = """\
 Netid State  Recv-Q Send-Q Local Address:Port        Peer Address:PortProcess
-p_raw UNCONN 0      0                [0]:*                       *     users:(("ovs-vswitchd",pid=2779,fd=68)) skmem:(r0,rb2097152,t0,tb212992,f0,w0,o0,bl0,d0)
-p_raw UNCONN 0      0                  *:leaf2-eth1              *     users:(("ovs-vswitchd",pid=2779,fd=38)) skmem:(r0,rb2097152,t0,tb212992,f0,w0,o176,bl0,d17)
-p_raw UNCONN 0      0                  *:spine1-eth2             *     users:(("ovs-vswitchd",pid=2779,fd=45)) skmem:(r4608,rb2097152,t0,tb212992,f0,w0,o176,bl0,d0)
+p_raw UNCONN 0      0                [0]:*                       *     ino:139821700 sk:191b ver:0 cpy_thresh:0 flags( 0 ) skmem:(r0,rb2097152,t0,tb212992,f0,w0,o0,bl0,d0)
+p_raw UNCONN 0      0                  *:leaf2-eth1              *     ino:139821731 sk:19a2 ver:0 cpy_thresh:0 flags( 0 ) skmem:(r0,rb2097152,t0,tb212992,f0,w0,o176,bl0,d17)
+p_raw UNCONN 0      0                  *:leaf2-eth1              *     ino:150000001 sk:2001 ver:0 cpy_thresh:0 flags( 0 ) skmem:(r0,rb212992,t0,tb212992,f0,w0,o0,bl0,d99)
+p_raw UNCONN 0      0                  *:spine1-eth2             *     ino:139821745 sk:19b0 ver:0 cpy_thresh:0 flags( 0 ) skmem:(r4608,rb2097152,t0,tb212992,f0,w0,o176,bl0,d0)
 """
 
 
-def test_packet_sockets_are_parsed():
-    sockets = machine.parse_packet_sockets(SS_OUTPUT)
-    assert sockets == [
+def test_packet_sockets_are_parsed_only_those_of_the_process():
+    sockets = machine.parse_packet_sockets(SS_OUTPUT, {139821700, 139821731, 139821745})
+    assert sockets == [  # the third line's socket is another process's capture of leaf2-eth1
         machine.PacketSocket(None, 2097152, 212992, 0),
         machine.PacketSocket("leaf2-eth1", 2097152, 212992, 17),
         machine.PacketSocket("spine1-eth2", 2097152, 212992, 0),
     ]
+
+
+def test_socket_inodes_are_those_the_process_holds():
+    sock = socket.socket()
+    inode = os.fstat(sock.fileno()).st_ino
+    assert inode in machine.socket_inodes(os.getpid())
+    sock.close()
+    assert inode not in machine.socket_inodes(os.getpid())
 
 
 @pytest.fixture
