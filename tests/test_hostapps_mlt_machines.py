@@ -209,6 +209,21 @@ def test_first_passes_take_the_link_whole_message_by_whole_message():
     assert first.message is older
 
 
+def test_a_message_whose_first_pass_is_out_waits_for_none_ahead():
+    """Its caller returns at once, to submit what became ready meanwhile: a PS's send thread for one worker
+    held in a 1 MB pull until every other worker's was out submitted the front layer, updated long
+    before, last (the headline's lock-step)."""
+    machine = sender()
+    sent = submit(machine, RECEIVER, payload=MESSAGE[:300])
+    first_pass(machine, sent)
+    ahead = submit(machine, OTHER, KEY._replace(tensor=2))  # takes the whole link
+    assert machine.first_datagram(ahead, 0.0) is not None
+    assert machine.has_turn(sent) and machine.first_datagram(sent, 0.0) is None
+    third = Peer("worker", 2)
+    machine.add_peer(third)
+    assert not machine.has_turn(submit(machine, third, KEY._replace(tensor=3)))  # one not out yet still waits
+
+
 def test_first_passes_go_by_class_iteration_peer_served_most_fewest_bytes_left_then_age():
     machine = sender(tensor_dscp={5: 40})  # tensor 5 in CS5
     third = Peer("worker", 2)

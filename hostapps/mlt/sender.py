@@ -179,7 +179,10 @@ class Sender:
     def has_turn(self, message: Outgoing) -> bool:
         """Whether the message's first pass may go on now: the first passes ahead of it (_precedence) leave at
         least a floor's worth of the host's link free at their peers' rates (a peer slowed by its receiver's
-        share or by loss leaves room for others)."""
+        share or by loss leaves room for others).  One whose first pass is over waits for nothing: its caller
+        must return, to submit what became ready meanwhile."""
+        if message.released or message.handed_out == message.fragments:
+            return True
         claimed, peers = 0.0, set()
         free = self.pacer.link.rate - self.pacer.rates[message.peer].floor
         for other in sorted(self._first_passes, key=self._precedence):  # stable: ties go oldest first
