@@ -42,6 +42,14 @@ def window(samples: pd.DataFrame, start_s: float, end_s: float) -> pd.DataFrame:
     return samples[(samples["time_s"] >= start_s) & (samples["time_s"] <= end_s)]
 
 
+def covering(samples: pd.DataFrame, start_s: float, end_s: float) -> pd.DataFrame:
+    """The CPU samples whose interval (since the sample before) overlaps the window: a window shorter
+    than the sampling interval is judged by the sample that covers it."""
+    ordered = samples.sort_values("time_s")
+    since = ordered["time_s"].shift(fill_value=-math.inf)
+    return ordered[(ordered["time_s"] >= start_s) & (since < end_s)]
+
+
 def port_totals(queues: pd.DataFrame) -> pd.DataFrame:
     """Per sample and switch port, its class queues summed: sent bytes and packets, drops, backlog."""
     columns = ["sent_bytes", "sent_pkts", "dropped_pkts", "backlog_bytes"]
@@ -70,7 +78,7 @@ def judge(cpu: pd.DataFrame, queues: pd.DataFrame, drains: pd.DataFrame, sockets
     """The FIDELITY_COLUMNS of one run. cpu, queues, drains, sockets: the sampler's CSVs; ovs: its
     ovs.json; port_rates: port_rates.csv; timing_p99_ms: each host-app process's lag_ms_p99;
     start_s, end_s: the training window."""
-    cpu = window(cpu, start_s, end_s)
+    cpu = covering(cpu, start_s, end_s)
     cpu_mean = float(cpu["cpu_util"].mean())
     thread_mean = float(cpu["vswitchd_thread_util"].mean())
     link_frac = drain_fraction(window(drains, start_s, end_s), port_rates)

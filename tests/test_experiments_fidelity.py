@@ -118,6 +118,13 @@ def test_samples_outside_the_training_window_do_not_count():
     assert verdict["cpu_util_mean"] == pytest.approx(0.5) and math.isnan(verdict["app_lag_ms_p99"])
 
 
+def test_a_window_between_two_samples_is_judged_by_the_one_covering_it():
+    samples = cpu(machine=0.5)
+    samples.loc[samples["time_s"] == 4.0, "cpu_util"] = 0.97  # over (3, 4]
+    verdict = fidelity.judge(samples, queues(), drains(), sockets(), {}, RATES, [], 3.2, 3.6)
+    assert verdict["cpu_util_mean"] == pytest.approx(0.97) and verdict["fidelity_ok"] is False
+
+
 def test_no_cpu_samples_means_unknown():
     verdict = judge(cpu_samples=cpu().iloc[:0])
     assert verdict["fidelity_ok"] is pd.NA
