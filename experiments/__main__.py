@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
@@ -10,6 +11,18 @@ from experiments.spec import Spec, SpecError, load_spec
 
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
 LIVE_PORT = 8765
+
+
+def _import_runner():
+    """experiments.runner.run_experiment (the network side: Mininet, OVS, Ryu, matplotlib), imported
+    with SIGINT held: an interrupt inside a C extension's initialisation (matplotlib's ft2font) made
+    the interpreter abort on exit (status -6) instead of stopping; held, it arrives right after."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        from experiments.runner import run_experiment
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    return run_experiment
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -84,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         print("run: --resume needs --out, the directory to resume", file=sys.stderr)
         return 2
     out = args.out or RESULTS_DIR / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    from experiments.runner import run_experiment  # the network side: Mininet, OVS, Ryu
+    run_experiment = _import_runner()
     live = args.live if args.live is not None else spec.header.live
     if live is not None and not 1024 <= live <= 65535:
         print(f"run: --live: {live} is not allowed (a port 1024..65535)", file=sys.stderr)

@@ -1,13 +1,16 @@
 """`python -m experiments` commands (without the network runner) and the progress display."""
+import importlib.util
 import io
+import signal
 import subprocess
 import sys
+import threading
 import types
 from pathlib import Path
 
 import pytest
 
-from experiments.__main__ import RESULTS_DIR, main
+from experiments.__main__ import RESULTS_DIR, _import_runner, main
 from experiments.progress import Progress
 
 REPO = Path(__file__).resolve().parent.parent
@@ -125,3 +128,30 @@ def test_progress_can_be_silenced():
         progress.iteration(5)
         progress.end_run("ok")
     assert stream.getvalue() == ""
+
+
+def test_an_interrupt_while_the_runner_imports_arrives_once_it_is_imported(monkeypatch):
+    """An interrupt inside a C extension's initialisation (matplotlib's ft2font) made the interpreter
+    abort; held over the import, it raises KeyboardInterrupt after it, in Python code."""
+    imported = []
+
+    class InterruptedRunner:  # a meta path finder: experiments.runner, interrupted mid-import
+        def find_spec(self, name, path=None, target=None):
+            if name != "experiments.runner":
+                return None
+            return importlib.util.spec_from_loader(name, self)
+
+        def create_module(self, spec):
+            return None
+
+        def exec_module(self, module):
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)  # this thread's: pytest may run others
+            module.run_experiment = lambda *args: 0
+            imported.append(module)
+
+    monkeypatch.delitem(sys.modules, "experiments.runner", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [InterruptedRunner(), *sys.meta_path])
+    with pytest.raises(KeyboardInterrupt):
+        _import_runner()
+    assert imported, "the interrupt cut the import short"
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
