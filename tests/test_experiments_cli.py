@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import experiments
 from experiments.__main__ import RESULTS_DIR, _import_runner, main
 from experiments.progress import Progress
 
@@ -149,9 +150,13 @@ def test_an_interrupt_while_the_runner_imports_arrives_once_it_is_imported(monke
             module.run_experiment = lambda *args: 0
             imported.append(module)
 
-    monkeypatch.delitem(sys.modules, "experiments.runner", raising=False)
+    # Whatever the import leaves behind is undone after the test: the stand-in must not outlive it.
+    monkeypatch.setitem(sys.modules, "experiments.runner", None)
+    del sys.modules["experiments.runner"]
+    monkeypatch.setattr(experiments, "runner", None, raising=False)
     monkeypatch.setattr(sys, "meta_path", [InterruptedRunner(), *sys.meta_path])
     with pytest.raises(KeyboardInterrupt):
         _import_runner()
     assert imported, "the interrupt cut the import short"
     assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+
