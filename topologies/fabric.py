@@ -119,8 +119,9 @@ class Fabric:
             self.net = Mininet(**options)
         self.net.addController("c0", controller=RemoteController, ip=self.ofp_host, port=self.ofp_port)
         began = time.monotonic()
-        self.net.build()
-        self._write_state()
+        with signals_deferred():  # every node shell recorded before Ctrl-C can strike
+            self.net.build()
+            self._write_state()
         built = time.monotonic()
         self.net.start()
         self.wait_fabric()
@@ -207,9 +208,10 @@ class Fabric:
         if self.stats_csv:
             cmd += ["--stats-csv", str(self.stats_csv)]
         err = open(self.workdir / "controller.stderr", "a")
-        self.controller = subprocess.Popen(cmd, cwd=REPO, stdout=err, stderr=subprocess.STDOUT,
-                                           start_new_session=True)
-        self._write_state()
+        with signals_deferred():  # recorded before Ctrl-C can strike, or stop() would not know it
+            self.controller = subprocess.Popen(cmd, cwd=REPO, stdout=err, stderr=subprocess.STDOUT,
+                                               start_new_session=True)
+            self._write_state()
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if self.controller.poll() is not None:
@@ -312,9 +314,10 @@ class Fabric:
         `mnexec -d` makes it a session leader; do not pass start_new_session: mnexec then forks
         and the Popen would only see the parent exit at once.)"""
         node = self.host(host)
-        proc = node.popen(cmd, **popen_options(node), **kwargs)
-        self.processes.append(proc)
-        self._write_state()
+        with signals_deferred():  # recorded before Ctrl-C can strike, or stop() would not know it
+            proc = node.popen(cmd, **popen_options(node), **kwargs)
+            self.processes.append(proc)
+            self._write_state()
         return proc
 
     def rest(self, path: str, method: str = "GET", body: dict | None = None,
