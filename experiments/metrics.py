@@ -6,9 +6,13 @@ All functions are pure: DataFrames and numbers in, numbers or DataFrames out.
 
 Definitions (the report's vocabulary):
 - Iteration time T_i: the interval between the completions of iterations i-1 and i of the
-  job, completion being the last worker's end_s. The first iteration (start-up, first
-  connections, cold caches) has no predecessor and so never counts; the mean of T_i over a
-  run is consistent with wall-clock throughput.
+  job, completion being the last worker's end_s, over the steady iterations. The first iteration
+  (start-up, first connections, cold caches) has no predecessor. The last one's interval also
+  drains the final round: its gradients go out and its parameters come back before it ends,
+  where every other iteration's communication overlaps the next one's, so n iterations' last
+  interval holds n rounds in n - 1 intervals (about 5% on the headline, in every scheme). Neither
+  counts; the mean of T_i is the steady throughput, each interval holding one round and one
+  compute.
 - compute and comm are likewise averaged over the workers' steady iterations (all but the
   first). comm is *measured*: per worker and iteration, the time at least one of its tensor
   transfers was in flight (the union of their start..end intervals in tensors.csv: network
@@ -103,10 +107,11 @@ def overlap_undefined(comm_s: float, compute_s: float, iter_time_s: float) -> st
 
 
 def iteration_times_s(iterations: pd.DataFrame) -> pd.Series:
-    """T_i per iteration (indexed by iteration) from the workers' rows of iterations.csv."""
+    """T_i per steady iteration (indexed by iteration; neither the first nor the last) from the
+    workers' rows of iterations.csv."""
     workers = iterations[iterations["role"] == "worker"]
     completion = workers.groupby("iteration")["end_s"].max().sort_index()
-    return completion.diff().iloc[1:]
+    return completion.diff().iloc[1:-1]
 
 
 def _steady(rows: pd.DataFrame) -> pd.DataFrame:

@@ -350,9 +350,9 @@ def check_config(config: RunConfig) -> None:
     if job.batch % workers:
         raise not_allowed("job.batch", job.batch, f"a multiple of the {workers} workers, the global batch "
                           "splits evenly over them")
-    if job.iterations < 2:
-        raise not_allowed("job.iterations", job.iterations, "at least 2: the first iteration is start-up, the "
-                          "metrics need one more")
+    if job.iterations < 3:
+        raise not_allowed("job.iterations", job.iterations, "at least 3: the first iteration is start-up, the "
+                          "last drains the final round, the metrics need one between")
     check_training(job, lambda name: f"job.{name}", SpecError)
     check_loss_bound_granularity(config)
     topology = config.topology

@@ -24,7 +24,8 @@ COLUMNS = ["scheme", "iter time (s)", "speedup", "samples/s", "final acc", "acc 
 # One line per column (but scheme): what it is and how it is computed.
 LEGEND = [
     "iter time: each run's mean interval between the last worker's completions of consecutive "
-    "iterations (the first iteration excluded); mean ± std over repetitions.",
+    "iterations (neither the first iteration, start-up, nor the last, which drains its own "
+    "communication); mean ± std over repetitions.",
     "speedup: the baseline's mean iteration time (same mode and other axes, averaged over "
     "repetitions) / the run's; mean ± std over repetitions.",
     "samples/s: global batch / mean iteration time.",

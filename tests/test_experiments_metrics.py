@@ -68,15 +68,17 @@ def _iterations(rows):
     return pd.DataFrame(rows, columns=columns)
 
 
-def test_iteration_times_use_last_worker_completion_and_skip_first_iteration():
+def test_iteration_times_use_last_worker_completion_and_skip_first_and_last_iteration():
+    """The first has no predecessor; the last also waits for its own push and pull (the drain)."""
     iterations = _iterations([
         ("worker", 0, 0, 100.0, 105.0, 1, None), ("worker", 1, 0, 100.0, 106.0, 1, None),
         ("worker", 0, 1, 106.0, 107.0, 1, None), ("worker", 1, 1, 106.0, 107.5, 1, None),
-        ("worker", 0, 2, 107.5, 109.5, 1, 0.95), ("worker", 1, 2, 107.5, 109.0, 1, None),
+        ("worker", 0, 2, 107.5, 109.5, 1, None), ("worker", 1, 2, 107.5, 109.0, 1, None),
+        ("worker", 0, 3, 109.5, 113.0, 1, 0.95), ("worker", 1, 3, 109.5, 112.5, 1, None),
         ("server", 0, 2, 100.0, 200.0, 0, None),  # servers do not define iterations
     ])
     assert metrics.iteration_times_s(iterations).tolist() == [1.5, 2.0]
-    assert metrics.time_to_accuracy_s(iterations, 0.9) == pytest.approx(9.5)
+    assert metrics.time_to_accuracy_s(iterations, 0.9) == pytest.approx(13.0)
     assert math.isnan(metrics.time_to_accuracy_s(iterations, 0.99))
 
 

@@ -60,8 +60,8 @@ MALFORMED = [
     ("job: {mode: ps, servers: 4}", "job.servers: 4 is not allowed (fewer than the 4 hosts, workers need one)"),
     ("job: {mode: ps, workers: [h1, h2], servers: [h2]}",
      "job.workers: [h1, h2] is not allowed (hosts apart from the servers h2)"),
-    ("job: {iterations: 1}", "job.iterations: 1 is not allowed (at least 2: the first iteration is start-up, the "
-                             "metrics need one more)"),
+    ("job: {iterations: 2}", "job.iterations: 2 is not allowed (at least 3: the first iteration is start-up, the "
+                             "last drains the final round, the metrics need one between)"),
     ("job: {eval_every: -1}", "job.eval_every: -1 is not allowed (an integer >= 0 (iterations; 0: only at the end))"),
     ("job: {batch: 30}", "job.batch: 30 is not allowed (a multiple of the 4 workers, the global batch splits "
                          "evenly over them)"),
