@@ -243,6 +243,24 @@ def test_first_passes_go_by_class_iteration_peer_served_most_fewest_bytes_left_t
     assert not machine.has_turn(scavenger)  # lower effort goes last, even with one fragment
 
 
+
+def test_a_parameter_server_finishes_the_worker_it_served_most_before_any_class_of_the_next():
+    """A worker needs every layer before it goes on: the shard's pull of its last, least important layer goes
+    before another worker's front layer.  A worker pushing to its shards keeps the class first."""
+    shard, first, second = Peer("server", 0), Peer("worker", 0), Peer("worker", 1)
+    machine = Sender(shard, JOB, options(tensor_dscp={1: 40, 3: 8}), TIMEOUT, MltStats())  # fc1 CS5, out CS1
+    machine.add_peer(first)
+    machine.add_peer(second)
+    first_pass(machine, machine.submit(first, KEY._replace(tensor=1), np.frombuffer(MESSAGE, np.uint8).copy(), None))
+    last_layer = machine.submit(first, KEY._replace(tensor=3), np.frombuffer(MESSAGE, np.uint8).copy(), None)
+    front = machine.submit(second, KEY._replace(tensor=1), np.frombuffer(MESSAGE, np.uint8).copy(), None)
+    assert machine.has_turn(last_layer) and not machine.has_turn(front)
+    pusher = sender(tensor_dscp={1: 40, 3: 8})  # a worker (SENDER) with two shards: RECEIVER and OTHER
+    first_pass(pusher, submit(pusher, RECEIVER, KEY._replace(tensor=1)))
+    low = submit(pusher, RECEIVER, KEY._replace(tensor=3))
+    high = submit(pusher, OTHER, KEY._replace(tensor=1))
+    assert pusher.has_turn(high) and not pusher.has_turn(low)
+
 def test_a_first_pass_goes_beside_those_ahead_while_their_peers_leave_the_link_free():
     machine = sender()
     ahead = submit(machine, RECEIVER)

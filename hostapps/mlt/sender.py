@@ -198,10 +198,19 @@ class Sender:
     def _precedence(self, message: Outgoing) -> tuple[int, int, int, int]:
         """Which first pass goes first: the most important class, the oldest iteration, then the peer this
         host has already sent the most of that iteration (one peer's whole share before the next's, so that
-        peers finish at different times, as TCP's unfair sharing lets them), the fewest bytes left."""
+        peers finish at different times, as TCP's unfair sharing lets them), the fewest bytes left.
+
+        A parameter server's shard puts that peer before the class: a worker goes on only once it has every
+        layer, the least important one included.  By class first, a back layer aggregated last (one worker's
+        gradient for it went out late) waited behind the next workers' front layers for every worker, which
+        all restarted together 0.25-0.57 s late: 5 of 19 iterations of a headline run, 1.138 s an iteration
+        against 1.110 s worker by worker."""
         iteration, served = self._served.get(message.peer, (None, 0))
-        return (service_rank(message.dscp), message.key.iteration,
-                -served if iteration == message.key.iteration else 0, message.fragments - message.handed_out)
+        rank, peer_first = service_rank(message.dscp), -served if iteration == message.key.iteration else 0
+        left = message.fragments - message.handed_out
+        if self.me.role == "server":
+            return (message.key.iteration, peer_first, rank, left)
+        return (rank, message.key.iteration, peer_first, left)
 
     def first_pass_over(self, message: Outgoing) -> None:
         """The message's first pass is all handed out, or will never be (released, or its caller failed)."""
