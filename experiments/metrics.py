@@ -9,10 +9,9 @@ Definitions (the report's vocabulary):
   job, completion being the last worker's end_s, over the steady iterations. The first iteration
   (start-up, first connections, cold caches) has no predecessor. The last one's interval also
   drains the final round: its gradients go out and its parameters come back before it ends,
-  where every other iteration's communication overlaps the next one's, so n iterations' last
-  interval holds n rounds in n - 1 intervals (about 5% on the headline, in every scheme). Neither
-  counts; the mean of T_i is the steady throughput, each interval holding one round and one
-  compute.
+  where every other iteration's communication overlaps the next one's: n iterations put n
+  rounds into n - 1 intervals (about 5% on the headline, in every scheme). Neither counts; the
+  mean of T_i is the steady throughput, each interval holding one round and one compute.
 - compute and comm are likewise averaged over the workers' steady iterations (all but the
   first). comm is *measured*: per worker and iteration, the time at least one of its tensor
   transfers was in flight (the union of their start..end intervals in tensors.csv: network

@@ -203,8 +203,7 @@ class Sender:
         A parameter server's shard puts that peer before the class: a worker goes on only once it has every
         layer, the least important one included.  By class first, a back layer aggregated last (one worker's
         gradient for it went out late) waited behind the next workers' front layers for every worker, which
-        all restarted together 0.25-0.57 s late: 5 of 19 iterations of a headline run, 1.138 s an iteration
-        against 1.110 s worker by worker."""
+        all restarted together 0.15-0.57 s late (12 of the headline's 57 PS intervals of the full stack)."""
         iteration, served = self._served.get(message.peer, (None, 0))
         rank, peer_first = service_rank(message.dscp), -served if iteration == message.key.iteration else 0
         left = message.fragments - message.handed_out
