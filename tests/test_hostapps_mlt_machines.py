@@ -185,14 +185,25 @@ def test_each_sender_with_a_message_in_flight_is_advised_its_share_at_once():
 
 
 def test_the_senders_of_the_most_important_class_share_the_link_and_the_others_wait_at_the_floor():
+    """A worker receiving pulls from several shards (a receiver other than a shard)."""
     floor = int(FLOOR_SHARE * 100 * 1000)
-    machine = receiver(tensor_dscp={5: 40, 6: 8})  # tensor 5 in CS5, tensor 6 in CS1 (lower effort)
-    third = Peer("worker", 2)
+    machine = Receiver(Peer("worker", 3), JOB, options(tensor_dscp={5: 40, 6: 8}), TIMEOUT, MltStats())
+    third = Peer("worker", 2)  # tensor 5 in CS5, tensor 6 in CS1 (lower effort)
     machine.on_data(SENDER, data(KEY, 0, MESSAGE), now=0.0)  # CS0
     machine.on_data(third, data(KEY._replace(tensor=6), 0, MESSAGE), now=0.0)  # lower effort: after CS0
     assert advised(machine.tick(0.0)) == {SENDER: int(LINK_SHARE * 100 * 1000) - floor, third: floor}
     assert advised(machine.on_data(OTHER, data(KEY._replace(tensor=5), 0, MESSAGE), now=0.0)) == {
         SENDER: floor, OTHER: int(LINK_SHARE * 100 * 1000) - 2 * floor}
+
+
+def test_a_parameter_server_shard_splits_its_link_evenly_among_pushers_whatever_their_classes():
+    """It aggregates a slice only once every worker's piece is in: no class of one worker goes before another's."""
+    third = int(LINK_SHARE * 100 * 1000 / 3)
+    machine = receiver(tensor_dscp={5: 40, 6: 8})  # RECEIVER is a shard
+    machine.on_data(SENDER, data(KEY, 0, MESSAGE), now=0.0)
+    machine.on_data(Peer("worker", 2), data(KEY._replace(tensor=6), 0, MESSAGE), now=0.0)
+    machine.on_data(OTHER, data(KEY._replace(tensor=5), 0, MESSAGE), now=0.0)
+    assert advised(machine.tick(0.0)) == {SENDER: third, OTHER: third, Peer("worker", 2): third}
 
 
 # --- sender
