@@ -20,6 +20,7 @@ import pytest
 from experiments.results import completed_run_ids, read_run_record
 from experiments.spec import load_spec
 from helpers.fabric import LB_MODES, PYTHON, REPO, experiments_cli, finish, leftovers
+from topologies.cleanup import ProcessRecord, is_alive, process_record
 from topologies.fabric import Fabric
 
 pytestmark = pytest.mark.integration
@@ -129,19 +130,19 @@ def test_interrupted_anywhere_leaves_nothing_and_resume_completes_every_run_once
 
 @pytest.fixture
 def interrupt_once_forked(monkeypatch):
-    """A function marker -> PIDs: the next process started whose arguments hold `marker` gets Ctrl-C
+    """A function marker -> records: the next process started whose arguments hold `marker` gets Ctrl-C
     delivered to us the moment it is forked, before Popen has returned it (the CI failure: the runner
     interrupted while starting the controller left that controller running, recorded nowhere).
-    The list it returns receives that process's PID."""
+    The list it returns receives that process's record (topologies.cleanup)."""
     execute_child = subprocess.Popen._execute_child
 
-    def arm(marker: str) -> list[int]:
-        forked: list[int] = []
+    def arm(marker: str) -> list[ProcessRecord]:
+        forked: list[ProcessRecord] = []
 
         def forked_then_interrupted(self, args, *rest, **kwargs):
             execute_child(self, args, *rest, **kwargs)
             if not forked and any(marker in str(arg) for arg in args):
-                forked.append(self.pid)
+                forked.append(process_record(self.pid))
                 os.kill(os.getpid(), signal.SIGINT)  # its handler runs before Popen returns
 
         monkeypatch.setattr(subprocess.Popen, "_execute_child", forked_then_interrupted)
@@ -149,19 +150,12 @@ def interrupt_once_forked(monkeypatch):
     return arm
 
 
-def running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_ctrl_c_as_the_controller_is_forked_leaves_nothing(tmp_path, interrupt_once_forked):
     forked = interrupt_once_forked("controller")
     with pytest.raises(KeyboardInterrupt):
         with Fabric("leafspine", {"spines": 1, "leaves": 1, "hosts": 2}, workdir=tmp_path):
             pytest.fail("the fabric started despite Ctrl-C")
-    assert len(forked) == 1 and not running(forked[0])
+    assert len(forked) == 1 and not is_alive(forked[0])
     assert leftovers() == []
 
 
@@ -171,8 +165,9 @@ def test_ctrl_c_as_a_host_process_is_forked_leaves_nothing(tmp_path, interrupt_o
             forked = interrupt_once_forked("host-process-marker")
             fab.popen("h1", [PYTHON, "-c", "import time; time.sleep(60)", "host-process-marker"])
             pytest.fail("Ctrl-C was not delivered")
-    assert len(forked) == 1 and not running(forked[0])
+    assert len(forked) == 1 and not is_alive(forked[0])
     assert leftovers() == []
+
 
 MALFORMED = [
     ("POST", "/jobs", b"{", "application/json"),
