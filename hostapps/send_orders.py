@@ -330,7 +330,8 @@ class Caramel(ReadyOrder):
     Buckets grow as backprop proceeds: the first closes at --partition-bytes,
     each next one at twice the previous, so the first all-reduce starts as
     soon as the last layers' gradients exist; each bucket's ring all-reduce is
-    cut into --partition-bytes segments whose steps are pipelined.  Buckets go
+    cut into segments of about --partition-bytes whose steps are pipelined
+    (each segment's ring chunks fill whole datagrams: collectives.segment_bounds).  Buckets go
     in ready order, the same on every rank.
     """
     modes = ("allreduce",)

@@ -14,9 +14,9 @@ from typing import Callable
 import numpy as np
 
 from hostapps import timing
-from hostapps.collectives import (GATHER, PS_PULL, PS_PUSH, Segment, assign_shards, chunk_bounds, float_parts,
-                                  max_segments, pipelined_ring_allreduce, ps_key, ps_phase, ps_request_key, ring_min,
-                                  ring_neighbours, ring_phase, ring_step_count, split_bytes)
+from hostapps.collectives import (GATHER, PS_PULL, PS_PUSH, Segment, assign_shards, float_parts,
+                                  pipelined_ring_allreduce, ps_key, ps_phase, ps_request_key, ring_min, ring_neighbours,
+                                  ring_phase, ring_step_count, segment_bounds)
 from hostapps.assembly import connect_transport, largest_message_bytes, plan_pieces
 from hostapps.config import ProcessConfig, build_model
 from hostapps.data import ShardedBatches, load_split
@@ -123,10 +123,10 @@ class AllReduceSync(GradientSync):
         world, segments = self.cfg.world, []
         for unit in units:
             flat = self.model.grads[self.pieces[unit.tensor].where]
-            parts = (min(split_bytes(unit.nbytes, self.cfg.partition_bytes), max_segments(world))
-                     if self.cfg.order == "caramel" else 1)
+            bounds = (segment_bounds(flat.size, self.cfg.partition_bytes // 4, world, self.cfg.mtu_payload // 4)
+                      if self.cfg.order == "caramel" else [(0, flat.size)])
             segments += [Segment(unit.tensor, k * ring_step_count(world), flat[lo:hi])
-                         for k, (lo, hi) in enumerate(chunk_bounds(flat.size, parts))]
+                         for k, (lo, hi) in enumerate(bounds)]
         names = self.tensor_names()
         with self.recorder.span(f"allreduce {' '.join(names[u.tensor][0] for u in units)}", "comm"):
             pipelined_ring_allreduce(self.transport, self.left, self.right, self.cfg.rank, world,

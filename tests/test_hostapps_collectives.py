@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, settings, strategies as st, HealthCheck
 
 from hostapps import codec
-from hostapps.collectives import (GATHER, PS_PULL, PS_PUSH, REDUCE, Segment, pipelined_ring_allreduce, ps_phase,
-                                  ring_allreduce, ring_neighbours, ring_phase, ring_step_count)
+from hostapps.collectives import (GATHER, PS_PULL, PS_PUSH, REDUCE, Segment, chunk_bounds, max_segments,
+                                  pipelined_ring_allreduce, ps_phase, ring_allreduce, ring_neighbours, ring_phase,
+                                  ring_step_count, segment_bounds)
 from hostapps.config import Model, ProcessConfig, build_model
 from hostapps.mlt import MltOptions, MltTransport
 from hostapps.records import Recorder
@@ -76,6 +77,25 @@ def ps_iteration(addresses, gradients, make=TcpTransport):
     finally:
         run_threads([t.close for t in transports])
     return initial, model, pulled
+
+
+def test_pipeline_segments_fill_whole_datagrams_in_every_ring_chunk():
+    # The headline's first bucket: 267786 elements, 5 ranks, 2227-element (8908-byte) datagrams, 192 KB segments
+    bounds = segment_bounds(267786, 49152, 5, 2227)
+    assert [hi - lo for lo, hi in bounds] == [44540] * 5 + [44540 + 546]  # 4 datagrams a chunk; the rest folded in
+    for lo, hi in bounds[:-1]:
+        assert [c_hi - c_lo for c_lo, c_hi in chunk_bounds(hi - lo, 5)] == [4 * 2227] * 5
+    assert [hi - lo for lo, hi in segment_bounds(44540 + 30000, 49152, 5, 2227)] == [44540, 30000]  # its own
+    assert segment_bounds(1000, 49152, 5, 2227) == [(0, 1000)]
+
+
+@given(size=st.integers(0, 10**6), segment=st.integers(1, 10**5), world=st.integers(1, 8), grid=st.integers(1, 4000))
+def test_pipeline_segments_cover_the_unit_in_whole_datagram_blocks(size, segment, world, grid):
+    bounds = segment_bounds(size, segment, world, grid)
+    assert bounds[0][0] == 0 and bounds[-1][1] == size
+    assert all(a[1] == b[0] and a[0] < a[1] for a, b in zip(bounds, bounds[1:]))
+    assert all((hi - lo) % (world * grid) == 0 for lo, hi in bounds[:-1])
+    assert len(bounds) <= max_segments(world)
 
 
 def test_parameter_server_averages_and_steps(loopback_addresses):
