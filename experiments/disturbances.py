@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from experiments.source_ports import run_source_ports
 from experiments.spec import FLOW_PORTS, Fault, Flow, RunConfig
 from topologies.cleanup import OWNER_KEY
 from topologies.fabric import Fabric, kill_group
@@ -92,20 +93,23 @@ def _checked(node_or_intf, command: str) -> None:
 
 # ------------------------------------------------------------------------------------ background
 
-def background_flows(fab: Fabric, flows: list[Flow], log_dir: Path) -> list[Disturbance]:
-    """iperf3 flows; an incast (several sources) is one client per source into one server each."""
+def background_flows(fab: Fabric, flows: list[Flow], log_dir: Path, client_ports: list[int]) -> list[Disturbance]:
+    """iperf3 flows; an incast (several sources) is one client per source into one server each.
+    client_ports: per client, in order, the port its data stream leaves from (0: ephemeral)."""
     disturbances = []
+    clients = iter(client_ports)
     for index, flow in enumerate(flows):
         sources = [flow.src] if isinstance(flow.src, str) else flow.src
         for source_index, source in enumerate(sources):
             port = IPERF_PORT + FLOW_PORTS * index + source_index
             name = f"flow{index}-{source}-{flow.dst}"
             disturbances.append(Disturbance(name, flow.start_s, flow.duration_s,
-                                            *_iperf_actions(fab, flow, source, port, log_dir / f"{name}.log")))
+                                            *_iperf_actions(fab, flow, source, port, next(clients),
+                                                            log_dir / f"{name}.log")))
     return disturbances
 
 
-def _iperf_actions(fab: Fabric, flow: Flow, source: str, port: int,
+def _iperf_actions(fab: Fabric, flow: Flow, source: str, port: int, client_port: int,
                    log: Path) -> tuple[Callable[[], None], Callable[[], None]]:
     processes: list[subprocess.Popen] = []
 
@@ -116,6 +120,8 @@ def _iperf_actions(fab: Fabric, flow: Flow, source: str, port: int,
             time.sleep(0.1)  # the server's listening socket, before the client connects
             client = ["iperf3", "-c", fab.host(flow.dst).IP(), "-p", str(port),
                       "-t", str(math.ceil(flow.duration_s))]  # iperf3 takes whole seconds; stop() cuts
+            if client_port:  # the data stream's; the control connection's stays ephemeral
+                client += ["--cport", str(client_port)]
             if flow.proto == "udp":
                 client += ["-u", "-b", f"{flow.rate_mbps:g}M"]  # 0: unlimited
             elif flow.rate_mbps:
@@ -196,4 +202,5 @@ def _rate_cut(fab: Fabric, fault: Fault) -> tuple[Callable[[], None], Callable[[
 
 
 def disturbances_of(fab: Fabric, config: RunConfig, log_dir: Path) -> list[Disturbance]:
-    return background_flows(fab, config.background, log_dir) + link_faults(fab, config.faults)
+    _, client_ports = run_source_ports(config)
+    return background_flows(fab, config.background, log_dir, client_ports) + link_faults(fab, config.faults)

@@ -47,6 +47,7 @@ from experiments.results import (PORT_COLUMNS, PORT_RATE_COLUMNS, aggregate, com
                                  write_run_record)
 from hostapps.files import write_text
 from experiments.sampler import FabricSampler
+from experiments.source_ports import run_source_ports
 from experiments.spec import Run, Spec, Topology
 from hostapps.config import ProcessConfig, Training, build_model, layer_times_s, process_arguments
 from hostapps.mlt import payload_for_mtu
@@ -316,7 +317,9 @@ def process_config(run: Run, role: str, rank: int, ip: dict[str, str], **process
     the fabric's facts (link rate for pacing and profile timing, datagram payload at the MTU)."""
     config = run.config
     training = {field.name: getattr(run.job, field.name) for field in dataclasses.fields(Training)}
-    return ProcessConfig(**training, role=role, rank=rank,
+    ports, _ = run_source_ports(config)
+    index = rank if role == "server" else len(config.server_hosts) + rank
+    return ProcessConfig(**training, role=role, rank=rank, tcp_source_port=ports[index],
                          workers=[(ip[host], WORKER_PORT) for host in config.worker_hosts],
                          servers=[(ip[host], SERVER_PORT) for host in config.server_hosts],
                          timeout=PEER_TIMEOUT_S, link_mbps=config.topology.host_bw,

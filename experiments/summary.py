@@ -26,11 +26,13 @@ LEGEND = [
     "iter time: each run's mean interval between the last worker's completions of consecutive "
     "iterations (neither the first iteration, start-up, nor the last, which drains its own "
     "communication); mean ± std over repetitions.",
-    "speedup: the baseline's mean iteration time (same mode and other axes, averaged over "
-    "repetitions) / the run's; mean ± std over repetitions.",
+    "speedup: the baseline's mean iteration time in the same repetition (same mode and other axes, "
+    "same seed: same data order and, with per-flow ECMP, the same placement of the TCP flows on the "
+    "spines) / the run's; mean ± std over repetitions.",
     "samples/s: global batch / mean iteration time.",
     "final acc: the workers' mean test accuracy after the last iteration.",
-    "acc delta: final acc minus the baseline's (same mode and other axes), in percentage points.",
+    "acc delta: final acc minus the baseline's (same mode and other axes, same repetition), in "
+    "percentage points.",
     "time-to-acc: seconds from the first iteration's start until a worker first reaches the "
     "target accuracy; how many repetitions reached it when not all did.",
     "p99 tensor: 99th percentile of single tensor transfer times, the tail tensor-transfer time.",
@@ -114,7 +116,7 @@ def _accuracy_delta(runs: pd.DataFrame, spec: Spec) -> pd.Series:
     names = [axis.name for axis in spec.axes]
     axes = {run.run_id: run.axes for run in spec.runs}
     labelled = pd.DataFrame([axes[run_id] for run_id in runs["run_id"]], index=runs.index, columns=names)
-    labelled["final_accuracy"] = runs["final_accuracy"]
+    labelled["final_accuracy"], labelled["rep"] = runs["final_accuracy"], runs["rep"]
     baseline_axis, baseline_label = spec.baseline or (None, None)
     return metrics.accuracy_delta_vs_baseline(labelled, names, baseline_axis, baseline_label)
 

@@ -52,7 +52,7 @@ def connect_transport(cfg: ProcessConfig, recorder: Recorder,
         transport: TcpTransport | MltTransport = MltTransport(me, listen, cfg.job, cfg.timeout,
                                                               recorder.log_message, options)
     else:
-        transport = TcpTransport(me, listen, cfg.job, cfg.timeout, recorder.log_message)
+        transport = TcpTransport(me, listen, cfg.job, cfg.timeout, recorder.log_message, cfg.tcp_source_port)
     dial, accept = {}, {}
     if cfg.role == "server":
         accept = {Peer("worker", r): address for r, address in enumerate(cfg.workers)}

@@ -10,8 +10,10 @@ threads drain every connection into a shared Mailbox, so sends never deadlock
 on a peer that is itself sending, and consumers can take messages in any
 order (`wait_any`) without knowing the sender's order.
 """
+import errno
 import random
 import socket
+import sys
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -188,13 +190,18 @@ def _send_parts(sock: socket.socket, header: bytes, payload: memoryview) -> None
         sock.sendall(payload[sent - len(header):])
 
 
+class _SourcePortBusy(Exception):
+    """The chosen source port cannot dial the peer now."""
+
+
 class TcpTransport(Transport):
     """One persistent TCP connection per peer, framed with codec headers; every message arrives whole."""
 
     def __init__(self, me: Peer, listen: Address, job: int, timeout: float,
-                 log: TensorLog | None = None):
+                 log: TensorLog | None = None, source_port: int = 0):
         self.me = me
         self.listen_address = listen
+        self.source_port = source_port  # the first peer dialed from it, the next from source_port + 1...; 0: any
         self.job = job
         self.timeout = timeout
         self._log = log
@@ -217,8 +224,9 @@ class TcpTransport(Transport):
         acceptor = threading.Thread(target=self._accept, daemon=True,
                                     args=(set(accept), accepted, accept_error, deadline))
         acceptor.start()
-        for peer, address in dial.items():
-            self._attach(peer, self._dial(peer, address, deadline))
+        for index, (peer, address) in enumerate(dial.items()):
+            source = self.source_port + index if self.source_port and self.source_port + index <= 65535 else 0
+            self._attach(peer, self._dial(peer, address, deadline, source))
         acceptor.join()
         if accept_error:
             raise TransportError(accept_error[0])
@@ -226,11 +234,18 @@ class TcpTransport(Transport):
             self._attach(peer, sock)
         self._listener.close()
 
-    def _dial(self, peer: Peer, address: Address, deadline: float) -> socket.socket:
+    def _dial(self, peer: Peer, address: Address, deadline: float, source_port: int = 0) -> socket.socket:
+        """A connection to the peer, from source_port if given and free (else, said once on stderr, from an
+        ephemeral port: the run then places that flow by chance)."""
         last_error = "no attempt"
         while time.monotonic() < deadline:
             try:
-                sock = socket.create_connection(address, timeout=max(0.1, deadline - time.monotonic()))
+                sock = self._connect(address, source_port, deadline)
+            except _SourcePortBusy as e:
+                print(f"warning: {self.me}: cannot dial {self._names[peer]} from port {source_port} ({e}); "
+                      "dialing from an ephemeral port", file=sys.stderr, flush=True)
+                source_port = 0
+                continue
             except OSError as e:  # the peer may not be listening yet
                 last_error = e.strerror or str(e)
                 time.sleep(0.05)
@@ -240,6 +255,30 @@ class TcpTransport(Transport):
             sock.sendall(codec.encode_header(hello))
             return sock
         raise TransportError(f"could not connect to {self._names[peer]} within {self.timeout:.1f} s: {last_error}")
+
+    def _connect(self, address: Address, source_port: int, deadline: float) -> socket.socket:
+        if not source_port:
+            return socket.create_connection(address, timeout=max(0.1, deadline - time.monotonic()))
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            # The previous run's connection from this port may linger in TIME_WAIT (the fabric's hosts let
+            # a connect reuse it: topologies.fabric); SO_REUSEADDR lets the bind through meanwhile.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.settimeout(max(0.1, deadline - time.monotonic()))
+            try:
+                sock.bind((self.listen_address[0], source_port))
+            except OSError as e:
+                raise _SourcePortBusy(e.strerror or str(e))
+            try:
+                sock.connect(address)
+            except OSError as e:
+                if e.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
+                    raise _SourcePortBusy(e.strerror or str(e))
+                raise
+        except BaseException:
+            sock.close()
+            raise
+        return sock
 
     def _accept(self, expected: set[Peer], accepted: dict[Peer, socket.socket],
                 error: list[str], deadline: float) -> None:

@@ -17,7 +17,7 @@ from hostapps.records import Recorder
 from hostapps.server import ParameterShard
 from hostapps.transport import MessageKey, Peer, TcpTransport, TransportError
 
-from helpers.loopback import connect_mesh, run_threads
+from helpers.loopback import connect_mesh, free_port, run_threads
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -122,6 +122,35 @@ def test_malformed_frame_fails_the_peer_with_an_error(loopback_addresses):
         transport.recv(intruder, MessageKey(0, 0, 0), out=np.empty(4, dtype=np.float32))
     raw.close()
     transport.close()
+
+
+def _dial_and_accept(dialer_address, acceptor_address, source_port):
+    """A worker dialing a server from source_port; the port the server saw the connection come from."""
+    server = TcpTransport(Peer("server", 0), acceptor_address, 0, 3.0)
+    worker = TcpTransport(Peer("worker", 0), dialer_address, 0, 3.0, source_port=source_port)
+    try:
+        run_threads([lambda: worker.connect({Peer("server", 0): acceptor_address}, {}),
+                     lambda: server.connect({}, {Peer("worker", 0): dialer_address})])
+        return server._socks[Peer("worker", 0)].getpeername()[1]
+    finally:
+        run_threads([worker.close, server.close])
+
+
+def test_tcp_dials_from_the_source_port_it_is_given_and_again_while_the_last_lingers(loopback_addresses):
+    dialer, acceptor = loopback_addresses(2)
+    port = free_port()
+    assert _dial_and_accept(dialer, acceptor, port) == port
+    # the same 4-tuple again at once, as the next scheme's run of a repetition: the last one lingers in
+    # TIME_WAIT on one side or both (loopback lets a connect reuse it, as tcp_tw_reuse on the fabric's hosts)
+    assert _dial_and_accept(dialer, acceptor, port) == port
+
+
+def test_tcp_dials_from_an_ephemeral_port_when_its_source_port_is_taken(loopback_addresses, capsys):
+    dialer, acceptor = loopback_addresses(2)
+    with socket.create_server((dialer[0], 0)) as squatter:  # listening: no one else may bind its port
+        port = squatter.getsockname()[1]
+        assert _dial_and_accept(dialer, acceptor, port) != port
+    assert f"cannot dial server0 ({acceptor[0]}:{acceptor[1]}) from port {port}" in capsys.readouterr().err
 
 
 def test_garbled_hello_is_refused_and_the_missing_peer_named(loopback_addresses, capsys):

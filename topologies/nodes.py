@@ -58,13 +58,19 @@ class OVSUserSwitch(OVSSwitch):
 
 class FabricHost(Host):
     """A host whose TCP congestion control is pinned (new namespaces inherit the machine's default,
-    which may be anything: bbr on these machines)."""
+    which may be anything: bbr on these machines), and whose connections may reuse a source port
+    whose last connection to the same peer lingers in TIME_WAIT (tcp_tw_reuse, safe with TCP
+    timestamps): the runner dials from the same ports in every run with the same seed
+    (experiments/source_ports.py).  Both are settings of the host's own namespace."""
 
     def config(self, tcp_cc: str = DEFAULT_TCP_CC, **params) -> dict:
         result = super().config(**params)
         out = self.cmd(f"sysctl -qw net.ipv4.tcp_congestion_control={check_tcp_cc(tcp_cc)} 2>&1")
         if out.strip():
             raise RuntimeError(f"tcp_cc {tcp_cc} on {self.name} failed: {out.strip()}")
+        out = self.cmd("sysctl -qw net.ipv4.tcp_tw_reuse=1 2>&1")
+        if out.strip():
+            raise RuntimeError(f"tcp_tw_reuse on {self.name} failed: {out.strip()}")
         self.tcp_cc = tcp_cc
         return result
 
