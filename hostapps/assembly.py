@@ -10,7 +10,7 @@ from hostapps.config import ProcessConfig
 from hostapps.mlt import DEFAULT_MAX_MESSAGE_BYTES, MltOptions, MltTransport
 from hostapps.model import FlatModel
 from hostapps.records import Recorder
-from hostapps.transport import Peer, TcpTransport
+from hostapps.transport import Address, Peer, TcpTransport
 
 
 class Piece(NamedTuple):
@@ -39,6 +39,20 @@ def largest_message_bytes(cfg: ProcessConfig, model: FlatModel) -> int:
     return 4 * max(layer.size for layer in model.layers)
 
 
+def peers_to_connect(cfg: ProcessConfig) -> tuple[dict[Peer, Address], dict[Peer, Address]]:
+    """The peers this process dials and those it accepts, each in rank order: a TCP transport dials its
+    j-th peer from --tcp-source-port + j, so the order must be the same in every run."""
+    me = Peer(cfg.role, cfg.rank)
+    if cfg.role == "server":
+        return {}, {Peer("worker", r): address for r, address in enumerate(cfg.workers)}
+    if cfg.mode == "ps":
+        return {Peer("server", s): address for s, address in enumerate(cfg.servers)}, {}
+    dial, accept = {}, {}
+    for peer in sorted(set(ring_neighbours(cfg.rank, cfg.world)) - {me}):
+        (dial if peer.rank > cfg.rank else accept)[peer] = cfg.workers[peer.rank]
+    return dial, accept
+
+
 def connect_transport(cfg: ProcessConfig, recorder: Recorder,
                       max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> TcpTransport | MltTransport:
     """Open this process's connections: ring neighbours in allreduce; every worker-server pair in ps.
@@ -53,14 +67,7 @@ def connect_transport(cfg: ProcessConfig, recorder: Recorder,
                                                               recorder.log_message, options)
     else:
         transport = TcpTransport(me, listen, cfg.job, cfg.timeout, recorder.log_message, cfg.tcp_source_port)
-    dial, accept = {}, {}
-    if cfg.role == "server":
-        accept = {Peer("worker", r): address for r, address in enumerate(cfg.workers)}
-    elif cfg.mode == "ps":
-        dial = {Peer("server", s): address for s, address in enumerate(cfg.servers)}
-    else:
-        for peer in set(ring_neighbours(cfg.rank, cfg.world)) - {me}:
-            (dial if peer.rank > cfg.rank else accept)[peer] = cfg.workers[peer.rank]
+    dial, accept = peers_to_connect(cfg)
     try:
         transport.connect(dial, accept)
     except BaseException:

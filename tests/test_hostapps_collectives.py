@@ -11,6 +11,7 @@ from hostapps import codec
 from hostapps.collectives import (GATHER, PS_PULL, PS_PUSH, REDUCE, Segment, chunk_bounds, max_segments,
                                   pipelined_ring_allreduce, ps_phase, ring_allreduce, ring_neighbours, ring_phase,
                                   ring_step_count, segment_bounds)
+from hostapps.assembly import peers_to_connect
 from hostapps.config import Model, ProcessConfig, build_model
 from hostapps.mlt import MltOptions, MltTransport
 from hostapps.records import Recorder
@@ -143,6 +144,20 @@ def test_tcp_dials_from_the_source_port_it_is_given_and_again_while_the_last_lin
     # the same 4-tuple again at once, as the next scheme's run of a repetition: the last one lingers in
     # TIME_WAIT on one side or both (loopback lets a connect reuse it, as tcp_tw_reuse on the fabric's hosts)
     assert _dial_and_accept(dialer, acceptor, port) == port
+
+
+def test_peers_are_dialed_in_rank_order_in_every_process():
+    # A set of ring neighbours iterates in an order that changes with the process's string hashing:
+    # worker 0 dialed worker 1 or worker 4 first by chance, each from the other source port (the
+    # headline's rep 3 placed its all-reduce's h6-h1 flow on either spine).
+    workers = [("10.0.0.1", 7000 + r) for r in range(5)]
+    dial, accept = peers_to_connect(ProcessConfig(role="worker", rank=0, workers=workers))
+    assert (list(dial), accept) == ([Peer("worker", 1), Peer("worker", 4)], {})
+    dial, accept = peers_to_connect(ProcessConfig(role="worker", rank=2, workers=workers))
+    assert (list(dial), list(accept)) == ([Peer("worker", 3)], [Peer("worker", 1)])
+    servers = [("10.0.0.9", 7100 + s) for s in range(3)]
+    dial, _ = peers_to_connect(ProcessConfig(role="worker", rank=0, workers=workers, servers=servers, mode="ps"))
+    assert list(dial) == [Peer("server", s) for s in range(3)]
 
 
 def test_tcp_dials_from_an_ephemeral_port_when_its_source_port_is_taken(loopback_addresses, capsys):
