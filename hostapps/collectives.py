@@ -111,7 +111,7 @@ def segment_bounds(size: int, segment_elements: int, world: int, grid: int) -> l
     segment_elements left every chunk a short datagram: the headline's all-reduce sent 264 datagrams an
     iteration per worker where 224 carry the same bytes, each one a wake-up of the sender and the receiver."""
     block = world * grid
-    step = max(block * max(1, round(segment_elements / block)), -(-size // max_segments(world)))
+    step = block * max(1, round(segment_elements / block), -(-size // (block * max_segments(world))))
     bounds = [(lo, min(size, lo + step)) for lo in range(0, size, step)] or [(0, 0)]
     if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] < step // 2:
         bounds[-2:] = [(bounds[-2][0], size)]

@@ -5,7 +5,7 @@ import threading
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st, HealthCheck
+from hypothesis import example, given, settings, strategies as st, HealthCheck
 
 from hostapps import codec
 from hostapps.collectives import (GATHER, PS_PULL, PS_PUSH, REDUCE, Segment, chunk_bounds, max_segments,
@@ -91,6 +91,7 @@ def test_pipeline_segments_fill_whole_datagrams_in_every_ring_chunk():
 
 
 @given(size=st.integers(0, 10**6), segment=st.integers(1, 10**5), world=st.integers(1, 8), grid=st.integers(1, 4000))
+@example(size=37449, segment=1, world=8, grid=1)  # more segments than the step field holds: still whole blocks
 def test_pipeline_segments_cover_the_unit_in_whole_datagram_blocks(size, segment, world, grid):
     bounds = segment_bounds(size, segment, world, grid)
     assert bounds[0][0] == 0 and bounds[-1][1] == size
