@@ -3,12 +3,13 @@ with that seed, so schemes are compared on the same placement.
 
 Per-flow ECMP hashes each TCP flow's 5-tuple onto one spine, and the flows that collide on an
 uplink share it: in the headline's all-reduce, runs of one configuration ranged 0.33-0.90 s an
-iteration by placement alone, so "scheme X vs the baseline" over three repetitions was decided by
+iteration, mostly by placement, so "scheme X vs the baseline" over three repetitions was decided by
 which runs drew the collisions. Addresses and listening ports are the same in every run; with the
 dialing ports drawn from the seed too, repetition r of every scheme (seeds grow by one per
 repetition) puts each flow on the same spine as repetition r of the baseline, and the repetitions
-still sample different placements. Spraying schemes hash every packet anew, so they gain nothing
-from it and lose nothing.
+still sample different placements. What placement leaves is TCP against the bulk flows on a shared
+uplink: on one placement, runs of one configuration still differed by up to 30%. Spraying schemes
+hash every packet anew, so they gain nothing from it and lose nothing.
 
 Each process (servers first, then workers, by rank) and each background flow's client gets a block
 of BLOCK_PORTS ports (a process dials its j-th peer from the block's start + j), below Linux's
