@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import time
 from pathlib import Path
 
 from experiments.spec import Spec, SpecError, load_spec
+from topologies.cleanup import signals_deferred
 
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
 LIVE_PORT = 8765
@@ -15,13 +15,12 @@ LIVE_PORT = 8765
 
 def _import_runner():
     """experiments.runner.run_experiment (the network side: Mininet, OVS, Ryu, matplotlib), imported
-    with SIGINT held: an interrupt inside a C extension's initialisation (matplotlib's ft2font) made
-    the interpreter abort on exit (status -6) instead of stopping; held, it arrives right after."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
+    with Ctrl-C held: an interrupt inside a C extension's initialisation (matplotlib's ft2font) made
+    the interpreter abort on exit (status -6) instead of stopping; held, it arrives right after.  A
+    signal mask on the main thread was not enough: numpy's BLAS threads, started by then, took the
+    signal for it (the CI's interrupt test aborted so once more)."""
+    with signals_deferred():
         from experiments.runner import run_experiment
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     return run_experiment
 
 

@@ -19,9 +19,11 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TypedDict
+from typing import Iterator, TypedDict
 
 OWNER_KEY = "dnn-testbed"  # our mark on bridges, interfaces and nftables tables
 REPO = Path(__file__).resolve().parent.parent
@@ -164,3 +166,30 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM are held while the block runs, and delivered after it.
+
+    Python runs signal handlers in the main thread whichever thread the kernel picked, so a signal
+    mask on the main thread alone does not hold them while other threads (progress bars, samplers)
+    run: the main thread's handlers only note the signal until the block ends.  Elsewhere than in
+    the main thread, which cannot set handlers, the calling thread's mask holds them."""
+    held = (signal.SIGINT, signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread():
+        previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+        return
+    received: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, frame: received.append(signum)) for signum in held}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        for signum in received:
+            signal.raise_signal(signum)  # to the handler restored: Ctrl-C raises KeyboardInterrupt now

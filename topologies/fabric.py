@@ -18,17 +18,15 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from mininet.net import Mininet
 from mininet.node import RemoteController
 
-from topologies.cleanup import LOCK_FILE, REPO, STATE_DIR, clean_stale, process_record, write_state
+from topologies.cleanup import (LOCK_FILE, REPO, STATE_DIR, clean_stale, process_record, signals_deferred,
+                                write_state)
 from topologies.cluster import LOOPBACK, check_servers, cluster_network, controller_address, popen_options
 from topologies.cluster import placement as placement_of
 from topologies.leafspine import TopologyError, topos
@@ -339,31 +337,6 @@ class Fabric:
         self.net.configLinkStatus(a, b, "up" if up else "down")
 
 
-@contextmanager
-def signals_deferred() -> Iterator[None]:
-    """SIGINT and SIGTERM are held while the block runs, and delivered after it.
-
-    Python runs signal handlers in the main thread whichever thread the kernel picked, so a signal
-    mask on the main thread alone does not hold them while other threads (progress bars, samplers)
-    run: the main thread's handlers only note the signal until the block ends.  Elsewhere than in
-    the main thread, which cannot set handlers, the calling thread's mask holds them."""
-    held = (signal.SIGINT, signal.SIGTERM)
-    if threading.current_thread() is not threading.main_thread():
-        previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-        try:
-            yield
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
-        return
-    received: list[int] = []
-    previous = {signum: signal.signal(signum, lambda signum, frame: received.append(signum)) for signum in held}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
-        for signum in received:
-            signal.raise_signal(signum)  # to the handler restored: Ctrl-C raises KeyboardInterrupt now
 
 
 def topo_hosts(topo) -> list[dict]:
