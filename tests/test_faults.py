@@ -128,6 +128,33 @@ def test_interrupted_anywhere_leaves_nothing_and_resume_completes_every_run_once
     assert leftovers() == []
 
 
+DIES_INSIDE_FABRIC = """
+import os, signal, sys
+from topologies.fabric import Fabric
+with Fabric("leafspine", {"spines": 1, "leaves": 1, "hosts": 2}, workdir=sys.argv[2]) as fabric:
+    shell = fabric.net.get(sys.argv[1]).shell
+    os.kill(shell.pid, signal.SIGKILL)
+    shell.wait()
+"""
+
+
+@pytest.mark.parametrize("node", ["h1", "leaf1"])
+def test_a_node_shell_that_died_does_not_hang_the_teardown(tmp_path, node):
+    """Mininet's stop reads forever from a dead node's shell (a CI run hung so, in Intf.delete)."""
+    fabric = subprocess.Popen([PYTHON, "-c", DIES_INSIDE_FABRIC, node, str(tmp_path)], cwd=REPO,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        _, stderr = fabric.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        fabric.kill()
+        fabric.wait()
+        subprocess.run([PYTHON, "-m", "topologies.cleanup"], cwd=REPO, capture_output=True)
+        pytest.fail(f"the teardown hung after {node}'s shell died")
+    assert fabric.returncode == 0, stderr[-2000:]
+    assert f"the shells of {node} had exited" in stderr
+    assert leftovers() == []
+
+
 @pytest.fixture
 def interrupt_once_forked(monkeypatch):
     """A function marker -> records: the next process started whose arguments hold `marker` gets Ctrl-C

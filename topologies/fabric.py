@@ -136,19 +136,31 @@ class Fabric:
             self.processes.clear()
             if self.net is not None:
                 net, self.net = self.net, None
-                try:
-                    began = time.monotonic()
-                    net.stop()
-                    self.timings["stop_s"] = time.monotonic() - began
-                    for controller in net.controllers:  # RemoteController.stop leaves its shell
-                        controller.terminate()
-                except Exception as err:  # keep tearing down; clean-up catches what is left
-                    print(f"fabric: mininet stop failed: {err}", file=sys.stderr)
+                self._stop_network(net)
             if self.controller is not None:
                 kill_group(self.controller)
                 self.controller = None
             clean_stale()  # whatever the teardown left; forgets the state file
             self._release_lock()
+
+    def _stop_network(self, net: Mininet) -> None:
+        """Mininet's stop, unless a node's shell has exited: Mininet holds both ends of each shell's
+        terminal, so it would wait forever for a dead shell to answer (a CI run hung so). The
+        clean-up after it (clean_stale) removes the network then, as after a killed runner."""
+        exited = [node.name for node in (*net.hosts, *net.switches, *net.controllers)
+                  if node.shell is not None and node.shell.poll() is not None]
+        if exited:
+            print(f"fabric: the shells of {', '.join(exited)} had exited; removing the network "
+                  "without Mininet", file=sys.stderr)
+            return
+        try:
+            began = time.monotonic()
+            net.stop()
+            self.timings["stop_s"] = time.monotonic() - began
+            for controller in net.controllers:  # RemoteController.stop leaves its shell
+                controller.terminate()
+        except Exception as err:  # keep tearing down; clean-up catches what is left
+            print(f"fabric: mininet stop failed: {err}", file=sys.stderr)
 
     def _acquire_lock(self) -> None:
         global _running
