@@ -43,6 +43,7 @@ HEADER = struct.Struct("!2sBBBHHIIIQIQ")
 DATAGRAM = struct.Struct("!IIQI")
 SENT_US = struct.Struct("!I")  # DATAGRAM's first field, stamped as a datagram leaves (modulo 2^32 us)
 DATAGRAM_HEADER_BYTES = HEADER.size + DATAGRAM.size
+_HEADER_AND_DATAGRAM = struct.Struct(HEADER.format + DATAGRAM.format[1:])
 
 # Bounds the decoder enforces so that a corrupt header cannot make us allocate or wait for garbage.
 MAX_MESSAGE_BYTES = 1 << 32
@@ -79,8 +80,11 @@ def decode_header(data: bytes | bytearray | memoryview) -> Frame:
     """Unpack and validate a header; raise FrameError on anything malformed."""
     if len(data) != HEADER.size:
         raise FrameError(f"header is {len(data)} bytes, expected {HEADER.size}")
-    (magic, version, kind, role, rank, step, job, iteration, tensor,
-     offset, length, total) = HEADER.unpack(data)
+    return _checked_frame(*HEADER.unpack(data))
+
+
+def _checked_frame(magic: bytes, version: int, kind: int, role: int, rank: int, step: int, job: int,
+                   iteration: int, tensor: int, offset: int, length: int, total: int) -> Frame:
     if magic != MAGIC:
         raise FrameError(f"bad magic {bytes(magic)!r}")
     if version != VERSION:
@@ -121,8 +125,8 @@ def decode_datagram(data: memoryview) -> Datagram:
     """Unpack and validate one whole datagram; raise FrameError on anything malformed."""
     if len(data) < DATAGRAM_HEADER_BYTES:
         raise FrameError(f"datagram of {len(data)} bytes is shorter than its header")
-    frame = decode_header(data[:HEADER.size])
-    sent_us, fragment_bytes, delivered, advised_kbps = DATAGRAM.unpack_from(data, HEADER.size)
+    *header, sent_us, fragment_bytes, delivered, advised_kbps = _HEADER_AND_DATAGRAM.unpack_from(data)
+    frame = _checked_frame(*header)  # one unpack for both: this runs for every datagram received
     payload = data[DATAGRAM_HEADER_BYTES:]
     if len(payload) != frame.length:
         raise FrameError(f"datagram carries {len(payload)} payload bytes, header says {frame.length}")

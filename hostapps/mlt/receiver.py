@@ -133,6 +133,7 @@ class Receiver:
         self._completed: OrderedDict[tuple[Peer, MessageKey], list[float]] = OrderedDict()  # [delivered, last ACK]
         self._in_flight: dict[Peer, Counter[int]] = {}  # each peer's incomplete messages by service rank
         self._advised: dict[Peer, int] = {}  # the share we last advised each peer
+        self._shares: dict[Peer, int] | None = None  # _shares_kbps() until the in-flight classes change
         self._held_messages: Counter[Peer] = Counter()  # each peer's incomplete messages
         self._held_bytes: Counter[Peer] = Counter()     # and their reassembly_bytes
         self._held_budget = max(INCOMPLETE_BYTES, 2 * self.max_message_bytes)
@@ -206,13 +207,18 @@ class Receiver:
         message is over as it begins: it never counts."""
         if len(reassembly.received) == 1:
             return False
-        ranks = self._in_flight.setdefault(peer, Counter())
+        ranks = self._in_flight.get(peer)
+        if ranks is None:
+            ranks = self._in_flight[peer] = Counter()
         before = min(ranks) if ranks else None
         rank = service_rank(self.tensor_dscp.get(key.tensor, 0))
         ranks[rank] += change
         if not ranks[rank]:
             del ranks[rank]
-        return (min(ranks) if ranks else None) != before
+        changed = (min(ranks) if ranks else None) != before
+        if changed:
+            self._shares = None
+        return changed
 
     def _shares_kbps(self) -> dict[Peer, int]:
         """Each sender with a message in flight, and its share of our link: the senders of the most important
@@ -223,6 +229,11 @@ class Receiver:
         worker's piece is in, so one worker's more important layer ahead of another's less important one
         completes no slice sooner, and each class change re-advised every pusher (an RTT of rates out of step
         each time: the headline's PS full stack took 1.10-1.12 s an iteration by class, 1.06-1.08 s evenly)."""
+        if self._shares is None:  # asked for every ACK and NACK: computed once per change of the classes
+            self._shares = self._compute_shares()
+        return self._shares
+
+    def _compute_shares(self) -> dict[Peer, int]:
         ranks = {peer: min(counts) for peer, counts in self._in_flight.items() if counts}
         if not ranks:
             return {}
