@@ -60,12 +60,14 @@ def test_controller_sees_the_fabric(three_spines):
 @on('ecmp')
 def test_ecmp_spreads_tcp_flows_and_keeps_each_on_one_path(three_spines):
     before = spine_rx(three_spines, 1, "rx_bytes")
-    _, client = iperf(three_spines, "h1", "h3", 5201, 3, "-P", "16")
+    _, client = iperf(three_spines, "h1", "h3", 5201, 3, "-P", "24")
     assert goodput_mbps(client) > 30
     share = delta(spine_rx(three_spines, 1, "rx_bytes"), before)
     total = sum(share.values())
-    print("16 TCP flows, bytes per spine:", {s: round(b / total, 3) for s, b in share.items()})
-    assert all(b / total > 0.05 for b in share.values()), share
+    print("24 TCP flows, bytes per spine:", {s: round(b / total, 3) for s, b in share.items()})
+    # Every spine carries some flow's bytes: the hash leaves one empty with odds 3 * (2/3)^24, 2e-4.
+    # (16 flows and a 5% floor failed a CI: one flow alone on spine1 got 4.6% of the bytes.)
+    assert all(b / total > 0.02 for b in share.values()), share
 
     before = spine_rx(three_spines, 1, "rx_bytes")
     _, client = iperf(three_spines, "h2", "h4", 5202, 2)
