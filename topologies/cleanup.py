@@ -146,28 +146,6 @@ def clean_stale(verbose: bool = False) -> list[str]:
     return done
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m topologies.cleanup", description=__doc__)
-    parser.add_argument("--force", action="store_true",
-                        help="clean even while a fabric holds the lock (it will break)")
-    args = parser.parse_args(argv)
-    if os.geteuid() != 0:
-        sys.exit("error: clean-net needs root (it deletes OVS bridges and interfaces)")
-    STATE_DIR.mkdir(parents=True, exist_ok=True)
-    with open(LOCK_FILE, "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if not args.force:
-                sys.exit("error: a fabric is running right now (it holds "
-                         f"{LOCK_FILE}); stop it, or use --force")
-        clean_stale(verbose=True)
-
-
-if __name__ == "__main__":
-    main()
-
-
 @contextmanager
 def signals_deferred() -> Iterator[None]:
     """SIGINT and SIGTERM are held while the block runs, and delivered after it.
@@ -193,3 +171,26 @@ def signals_deferred() -> Iterator[None]:
             signal.signal(signum, signal.SIG_DFL if handler is None else handler)
         for signum in received:
             signal.raise_signal(signum)  # to the handler restored: Ctrl-C raises KeyboardInterrupt now
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m topologies.cleanup", description=__doc__)
+    parser.add_argument("--force", action="store_true",
+                        help="clean even while a fabric holds the lock (it will break)")
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        sys.exit("error: clean-net needs root (it deletes OVS bridges and interfaces)")
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(LOCK_FILE, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not args.force:
+                sys.exit("error: a fabric is running right now (it holds "
+                         f"{LOCK_FILE}); stop it, or use --force")
+        clean_stale(verbose=True)
+
+
+if __name__ == "__main__":
+    main()
+
