@@ -75,8 +75,9 @@ MAX_RUNS = 1000
 # Linux interface names have at most IFNAMSIZ - 1 characters.
 MAX_SWITCH_PORTS = 1024
 IFNAME_CHARS = 15
-# Limits of this machine (2 cores, 24 GB): every host may run a host app of ~105 MB of private
-# memory (numpy, scikit-learn, the digits; measured), 13.5 GB for 128; one ovs-vswitchd thread
+# Limits of this machine (2 cores, 24 GB): every host may run a host app of ~21 MB of private
+# memory at start (numpy and the digits; measured) plus its model and transport buffers, 105 MB while
+# scikit-learn loaded the digits (13.5 GB for 128 hosts); one ovs-vswitchd thread
 # forwards every packet of every switch, and a 4x8x4 leaf-spine (12 switches) already takes
 # ~7 s to build and start (docs/platform.md).
 MACHINE_HOSTS = 128
@@ -95,7 +96,7 @@ DURATION_SECONDS = f"seconds, > 0 and at most {MAX_SECONDS}"
 # (experiments/disturbances.py), below the job's ports 7000 and 7100 (experiments/runner.py).
 FLOW_PORTS = 10
 MAX_FLOWS = 100
-# Seeds grow by one per repetition; scikit-learn's split takes seeds up to 2**32 - 1.
+# Seeds grow by one per repetition, up to 2**32 - 1 (hostapps.config.U32).
 
 
 class SpecError(SchemaError):
@@ -772,7 +773,7 @@ def parse_spec(document: Any, sets: list[str] = ()) -> Spec:
         if config.job.seed + header.repetitions - 1 > U32:
             raise not_allowed("job.seed", config.job.seed, f"at most {U32 + 1 - header.repetitions} with "
                               f"{header.repetitions} repetitions: seeds grow by one per repetition up to "
-                              "scikit-learn's 2**32 - 1")
+                              "2**32 - 1")
     for rep in range(1, header.repetitions + 1):
         for point, config in resolved:
             job = dataclasses.replace(config.job, seed=config.job.seed + rep - 1)

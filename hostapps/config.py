@@ -29,7 +29,7 @@ TRANSPORTS = ("tcp", "mlt")
 # queue (hostapps.mlt.paths), or blind, at random over every port.
 SPRAY_MODES = ("adaptive", "blind")
 ROLES = ("worker", "server")
-U32 = 2**32 - 1        # the frame header's job field; numpy's and scikit-learn's largest seed
+U32 = 2**32 - 1        # the frame header's job field; the largest seed
 MAX_TIMEOUT_S = 86400  # a day, far beyond any run (waits overflow past threading.TIMEOUT_MAX, ~292 years)
 MAX_LINK_MBPS = 1e6    # mlt advises rates in kbit/s in a 32-bit field
 # Messages of a job: a fusion bucket, partition or PS slice below 1 KiB (256 floats) costs Python

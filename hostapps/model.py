@@ -21,12 +21,12 @@ def limit_blas_threads() -> None:
     only oversubscribe them, and OpenBLAS's spin while they wait for work (the headline's all-reduce on
     mlt took 0.55 s an iteration at 0.95 machine CPU with two per process, 0.40 s at 0.88 with one)."""
     for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[variable] = "1"  # BLAS libraries loaded later (scipy's, by scikit-learn) read these
+        os.environ[variable] = "1"  # BLAS libraries loaded later read these
     threadpool_limits(1)  # ... those loaded already (numpy's) are told
 
 
 def blas_threads() -> int:
-    """The most threads any BLAS library loaded here (numpy's, scipy's) may use for one call (recorded in
+    """The most threads any BLAS library loaded here (numpy's) may use for one call (recorded in
     summary.json)."""
     return max((pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"), default=1)
 

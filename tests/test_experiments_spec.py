@@ -209,7 +209,7 @@ RUN_TIME_FAILURES = [
     ("job: {seed: 4294967296}", "job.seed: 4294967296 is not allowed (an integer 0..4294967295)"),
     ("{repetitions: 2, job: {seed: 4294967295}}", "job.seed: 4294967295 is not allowed (at most 4294967294 with 2 "
                                                   "repetitions: seeds grow by one per repetition up to "
-                                                  "scikit-learn's 2**32 - 1)"),
+                                                  "2**32 - 1)"),
     ("background: [{src: h1, dst: h2, rate_mbps: .inf}]", "background.0.rate_mbps: .inf is not allowed (0: as "
      "fast as it goes, or a rate in Mbit/s 0.001..100000; iperf3 counts whole bits per second)"),
     ("background: [{src: h1, dst: h2, rate_mbps: 1.0e-9}]", "background.0.rate_mbps: 1.0e-09 is not allowed (0: "

@@ -11,6 +11,7 @@ import pytest
 
 from hostapps.collectives import ps_phase
 from hostapps.config import Model, ProcessConfig
+from hostapps.data import CLASSES, load_split
 from hostapps.profiles import resnet50
 from hostapps.records import ITERATION_COLUMNS, TENSOR_COLUMNS, Recorder
 from hostapps.transport import Peer
@@ -18,6 +19,21 @@ from hostapps.transport import Peer
 from helpers.loopback import run_job
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_the_digits_split_is_stratified_disjoint_and_seeded():
+    split = load_split(3)
+    assert split.x_train.shape == (1347, 64) and split.x_test.shape == (450, 64)
+    assert split.x_train.dtype == np.float32 and 0 <= split.x_train.min() and split.x_train.max() == 1
+    # Every image lands in one set: no row of the test set is also a training row.
+    train_rows = {row.tobytes() for row in split.x_train}
+    assert not any(row.tobytes() in train_rows for row in split.x_test)  # the 1797 images are distinct
+    # Each class gives a quarter of its images (its count rounded) to the test set.
+    train_counts, test_counts = np.bincount(split.y_train, minlength=CLASSES), np.bincount(split.y_test)
+    assert np.array_equal(test_counts, np.round((train_counts + test_counts) * 0.25).astype(int))
+    again, other = load_split(3), load_split(4)
+    assert np.array_equal(again.y_test, split.y_test) and np.array_equal(again.x_train, split.x_train)
+    assert not np.array_equal(other.y_test, split.y_test)
 
 
 def test_allreduce_ps_and_single_worker_reach_the_same_parameters(loopback_addresses):
