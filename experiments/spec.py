@@ -75,9 +75,8 @@ MAX_RUNS = 1000
 # Linux interface names have at most IFNAMSIZ - 1 characters.
 MAX_SWITCH_PORTS = 1024
 IFNAME_CHARS = 15
-# Limits of this machine (2 cores, 24 GB): every host may run a host app of ~21 MB of private
-# memory at start (numpy and the digits; measured) plus its model and transport buffers, 105 MB while
-# scikit-learn loaded the digits (13.5 GB for 128 hosts); one ovs-vswitchd thread
+# Limits of this machine (2 cores, 24 GB): every host may run a host app, ~21 MB of private memory at
+# start (numpy and the digits; measured) plus its model's and transport's buffers; one ovs-vswitchd thread
 # forwards every packet of every switch, and a 4x8x4 leaf-spine (12 switches) already takes
 # ~7 s to build and start (docs/platform.md).
 MACHINE_HOSTS = 128
