@@ -1,9 +1,13 @@
 """Routing decisions: for every switch, where each host's traffic goes.
 
 Paths are the shortest ones over the live links; where several next hops tie, the load-balancing
-mode decides: `ecmp` and `spray` put them in an OpenFlow select group (per-flow hash on the
-5-tuple for TCP, resp. OVS `dp_hash` whose 5-tuple includes UDP ports, so a sender that draws
-a source port per packet is sprayed per packet), `single` picks one of them deterministically.
+mode decides: `ecmp` and `spray` put them in an OpenFlow select group hashed by OVS `dp_hash` on the
+IP 5-tuple, UDP ports included (OVS's default hash leaves UDP ports out, so every UDP datagram
+between two hosts would take one path), `single` picks one of them deterministically.  `ecmp` and
+`spray` install the same groups: the hosts' entropy makes the difference.  A TCP flow keeps its
+5-tuple, so it stays on one path either way; mlt sends each peer's datagrams from one source port
+under `ecmp` (one flow, placed as TCP's are) and draws a port per datagram under `spray`, which the
+hash sprays per packet (the runner tells the hosts which: experiments.runner.process_config).
 """
 from __future__ import annotations
 
@@ -15,9 +19,9 @@ from dataclasses import dataclass, field
 from controller.topology import FabricView
 
 LB_MODES = ("ecmp", "spray", "single")
-# OVS selection methods (OpenFlow 1.5 Netronome extension); "" is OVS's default hash, which
-# covers TCP/SCTP ports but not UDP ones (checked on OVS 3.1, see docs/platform.md).
-SELECTION_METHOD = {"ecmp": "", "spray": "dp_hash"}
+# The OVS selection method of every select group (OpenFlow 1.5 Netronome extension): the datapath's
+# 5-tuple hash, which covers UDP ports where OVS's default hash does not (checked on OVS 3.1).
+SELECTION_METHOD = "dp_hash"
 MAX_GROUP_ID = 0xFFFFFF00  # OFPG_MAX
 
 
@@ -96,7 +100,7 @@ def plan_fabric(view: FabricView, lb: str) -> dict[int, SwitchPlan]:
             if len(ports) == 1 or lb == "single":
                 plan.routes[ip] = Output(port=choose_single(ports, ip))
                 continue
-            group = Group(group_id_of(ports), ports, SELECTION_METHOD[lb])
+            group = Group(group_id_of(ports), ports, SELECTION_METHOD)
             plan.groups[group.group_id] = group
             plan.routes[ip] = Output(group_id=group.group_id)
     return plans

@@ -314,12 +314,15 @@ def host_ips(fab: Fabric, run: Run) -> dict[str, str]:
 
 def process_config(run: Run, role: str, rank: int, ip: dict[str, str], **process: Any) -> ProcessConfig:
     """One process of the run's job: the spec's training knobs as they are, the peers' addresses and
-    the fabric's facts (link rate for pacing and profile timing, datagram payload at the MTU)."""
+    the fabric's facts (link rate for pacing and profile timing, datagram payload at the MTU, and whether
+    mlt sprays: a source port per datagram under lb spray, else one, a flow per peer as TCP's)."""
     config = run.config
     training = {field.name: getattr(run.job, field.name) for field in dataclasses.fields(Training)}
     ports, _ = run_source_ports(config)
     index = rank if role == "server" else len(config.server_hosts) + rank
-    return ProcessConfig(**training, role=role, rank=rank, tcp_source_port=ports[index],
+    if config.controller.lb != "spray":
+        process.setdefault("sport_range", 1)
+    return ProcessConfig(**training, role=role, rank=rank, source_port=ports[index],
                          workers=[(ip[host], WORKER_PORT) for host in config.worker_hosts],
                          servers=[(ip[host], SERVER_PORT) for host in config.server_hosts],
                          timeout=PEER_TIMEOUT_S, link_mbps=config.topology.host_bw,

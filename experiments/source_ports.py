@@ -1,18 +1,21 @@
-"""TCP source ports drawn from a run's seed: per-flow ECMP places a run's flows alike in every run
+"""Source ports drawn from a run's seed: per-flow ECMP places a run's flows alike in every run
 with that seed, so schemes are compared on the same placement.
 
-Per-flow ECMP hashes each TCP flow's 5-tuple onto one spine, and the flows that collide on an
+Per-flow ECMP hashes each flow's 5-tuple onto one spine, and the flows that collide on an
 uplink share it: in the headline's all-reduce, runs of one configuration ranged 0.33-0.90 s an
 iteration, mostly by placement, so "scheme X vs the baseline" over three repetitions was decided by
 which runs drew the collisions. Addresses and listening ports are the same in every run; with the
 dialing ports drawn from the seed too, repetition r of every scheme (seeds grow by one per
 repetition) puts each flow on the same spine as repetition r of the baseline, and the repetitions
-still sample different placements. What placement leaves is TCP against the bulk flows on a shared
+still sample different placements. mlt on a per-flow fabric sends every datagram from its block's
+first port (a flow per peer; hostapps.mlt.transport): its flows are other 5-tuples than TCP's (UDP, and
+to its peers' datagram ports), so they take their own placement, the same for every mlt scheme of a
+repetition. What placement leaves is TCP against the bulk flows on a shared
 uplink: on one placement, runs of one configuration still differed by up to 30%. Spraying schemes
 hash every packet anew, so they gain nothing from it and lose nothing.
 
 Each process (servers first, then workers, by rank) and each background flow's client gets a block
-of BLOCK_PORTS ports (a process dials its j-th peer from the block's start + j), below Linux's
+of BLOCK_PORTS ports (a process dials its j-th TCP peer from the block's start + j), below Linux's
 default ephemeral range (32768-60999) and clear of the job's (7000, 7100) and iperf3's (5201 up)
 listening ports.
 """

@@ -354,6 +354,9 @@ def check_config(config: RunConfig) -> None:
         raise not_allowed("job.iterations", job.iterations, "at least 3: the first iteration is start-up, the "
                           "last drains the final round, the metrics need one between")
     check_training(job, lambda name: f"job.{name}", SpecError)
+    if job.spray != "adaptive" and config.controller.lb != "spray":
+        raise not_allowed("job.spray", job.spray, "adaptive unless controller.lb spray: on a per-flow fabric mlt "
+                          "sends each peer's datagrams from one source port, there is nothing to spray")
     check_loss_bound_granularity(config)
     topology = config.topology
     if config.cluster.servers:

@@ -41,7 +41,7 @@ def largest_message_bytes(cfg: ProcessConfig, model: FlatModel) -> int:
 
 def peers_to_connect(cfg: ProcessConfig) -> tuple[dict[Peer, Address], dict[Peer, Address]]:
     """The peers this process dials and those it accepts, each in rank order: a TCP transport dials its
-    j-th peer from --tcp-source-port + j, so the order must be the same in every run."""
+    j-th peer from --source-port + j, so the order must be the same in every run."""
     me = Peer(cfg.role, cfg.rank)
     if cfg.role == "server":
         return {}, {Peer("worker", r): address for r, address in enumerate(cfg.workers)}
@@ -62,11 +62,12 @@ def connect_transport(cfg: ProcessConfig, recorder: Recorder,
     if cfg.transport == "mlt":
         options = MltOptions(cfg.loss_bound, cfg.sport_range, cfg.mtu_payload, cfg.quiet_ms / 1000, cfg.link_mbps,
                              cfg.drop_marking, cfg.layer_dscp, max_message_bytes,
-                             adaptive_spray=cfg.spray == "adaptive")
+                             adaptive_spray=cfg.spray == "adaptive" and cfg.sport_range > 1,
+                             source_port=cfg.source_port)
         transport: TcpTransport | MltTransport = MltTransport(me, listen, cfg.job, cfg.timeout,
                                                               recorder.log_message, options)
     else:
-        transport = TcpTransport(me, listen, cfg.job, cfg.timeout, recorder.log_message, cfg.tcp_source_port)
+        transport = TcpTransport(me, listen, cfg.job, cfg.timeout, recorder.log_message, cfg.source_port)
     dial, accept = peers_to_connect(cfg)
     try:
         transport.connect(dial, accept)

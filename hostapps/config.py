@@ -180,14 +180,15 @@ class ProcessConfig(Training):
     job: int = knob(0, f"an integer 0..{U32}, the frame header's job field", lambda n: 0 <= n <= U32)
     link_mbps: float = knob(100.0, f"Mbit/s > 0, at most {MAX_LINK_MBPS:.0f}: the host's link (mlt pacing, "
                             "profile timing)", lambda x: 0 < x <= MAX_LINK_MBPS)
-    tcp_source_port: int = knob(0, "0 or a port 1024..65535 (transport tcp: the j-th peer this process dials is "
-                                "dialed from this port + j, so per-flow ECMP places the flows alike in every run "
-                                "given the same ports; 0: ephemeral ports)",
-                                lambda n: n == 0 or 1024 <= n <= 65535)
+    source_port: int = knob(0, "0 or a port 1024..65535 (tcp: the j-th peer this process dials is dialed from "
+                            "this port + j; mlt with --sport-range 1: every datagram leaves from this port; so "
+                            "per-flow ECMP places the flows alike in every run given the same ports; 0: ephemeral "
+                            "ports)", lambda n: n == 0 or 1024 <= n <= 65535)
     # mlt (hostapps/mlt): datagram payload, source-port pool, quiet period, DSCP per tensor
     mtu_payload: int = knob(1400, "a multiple of 4 in 64..65000 (mlt: payload bytes per datagram)",
                             lambda n: 64 <= n <= 65000 and n % 4 == 0)
-    sport_range: int = knob(1024, "an integer 1..1024 (mlt: UDP source ports a sender sprays over)",
+    sport_range: int = knob(1024, "an integer 1..1024 (mlt: UDP source ports a sender sprays over; 1 on a "
+                            "per-flow fabric)",
                             lambda n: 1 <= n <= 1024)
     quiet_ms: float = knob(5.0, "milliseconds > 0, at most --timeout (mlt: silence after which a message "
                            "within the loss bound is complete)", lambda x: 0 < x <= 1000 * MAX_TIMEOUT_S)

@@ -7,14 +7,11 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from controller.routing import (LB_MODES, MAX_GROUP_ID, Group, Output, choose_single,
+from controller.routing import (LB_MODES, MAX_GROUP_ID, SELECTION_METHOD, Group, Output, choose_single,
                                 group_id_of, plan_fabric)
 from controller.topology import FabricView
 from helpers.fabric_views import (AGG, LEAF, SPINE, add_switch, fat_tree, hop_counts, ip,
                           leaf_spine)
-
-SELECT = {"ecmp": "", "spray": "dp_hash"}
-
 
 def check_plan(view, plans):
     """Every route leads one hop closer to its host's switch (so no loops), every group holds
@@ -56,7 +53,7 @@ def test_leaf_spine_multipath_uses_one_select_group_over_all_spines(lb, spines, 
     plans = plan_fabric(view, lb)
     check_plan(view, plans)
     up = uplinks(hosts, spines)
-    group = Group(group_id_of(up), up, SELECT[lb])
+    group = Group(group_id_of(up), up, SELECTION_METHOD)
     for leaf in range(1, leaves + 1):
         plan = plans[LEAF + leaf]
         assert plan.groups == {group.group_id: group}
@@ -127,7 +124,7 @@ def test_failed_uplink_in_three_spines_shrinks_the_group():
     plans = plan_fabric(view, "ecmp")
     check_plan(view, plans)
     assert plans[LEAF + 1].routes[ip(3)] == Output(group_id=group_id_of((3, 5)))
-    assert plans[LEAF + 1].groups == {group_id_of((3, 5)): Group(group_id_of((3, 5)), (3, 5), "")}
+    assert plans[LEAF + 1].groups == {group_id_of((3, 5)): Group(group_id_of((3, 5)), (3, 5), SELECTION_METHOD)}
     assert plans[LEAF + 2].routes[ip(1)] == Output(group_id=group_id_of((3, 5)))
     assert plans[SPINE + 2].routes[ip(1)] == Output(port=2), "round through leaf2"
 
@@ -174,7 +171,7 @@ def test_fat_tree_k4(lb):
     if lb == "single":
         assert all(plan.groups == {} for plan in plans.values())
     else:
-        up = Group(group_id_of((3, 4)), (3, 4), SELECT[lb])
+        up = Group(group_id_of((3, 4)), (3, 4), SELECTION_METHOD)
         # Edge: every non-local host (same pod or not) through both aggregation switches.
         assert edge1.groups == {up.group_id: up}
         assert {edge1.routes[ip(n)] for n in range(3, 17)} == {Output(group_id=up.group_id)}
@@ -256,7 +253,7 @@ def test_random_leaf_spine_failures_route_loop_free_and_iff_reachable(damaged, l
         if lb == "single":
             assert plan.groups == {}
         for group in plan.groups.values():
-            assert group.selection_method == SELECT[lb]
+            assert group.selection_method == "dp_hash"  # the 5-tuple, UDP ports included
             assert dpid > SPINE or min(group.ports) > hosts, "leaf groups only over uplinks"
 
 

@@ -23,7 +23,7 @@ def _process_ports(run) -> list[int]:
     ip = {host: f"10.0.0.{i + 1}" for i, host in enumerate(config.hosts)}
     roles = [("server", rank) for rank in range(len(config.server_hosts))]
     roles += [("worker", rank) for rank in range(len(config.worker_hosts))]
-    return [process_config(run, role, rank, ip).tcp_source_port for role, rank in roles]
+    return [process_config(run, role, rank, ip).source_port for role, rank in roles]
 
 
 def test_every_schemes_run_of_a_repetition_dials_its_peers_from_the_same_ports():
@@ -40,3 +40,14 @@ def test_background_flow_clients_get_blocks_of_their_own_that_follow_the_seed():
     assert (len(processes), len(clients)) == (5, 2) and not set(processes) & set(clients)
     assert run_source_ports(runs["scheme=priority,mode=allreduce,rep=1"].config) == (processes, clients)
     assert run_source_ports(runs["scheme=baseline,mode=allreduce,rep=2"].config)[1] != clients
+
+
+def test_mlt_sends_from_one_port_unless_the_fabric_sprays():
+    """Under lb ecmp (or single) mlt's datagrams to a peer are one flow from the process's block, placed by
+    the seed as TCP's are; under lb spray they leave from a pool, a port per datagram."""
+    runs = {run.run_id: run for run in load_spec(REPO / "experiments" / "headline.yaml").runs}
+    ip = {host: f"10.0.0.{i + 1}" for i, host in enumerate(runs["scheme=baseline,mode=ps,rep=1"].config.hosts)}
+    lossbound = process_config(runs["scheme=lossbound,mode=ps,rep=1"], "worker", 0, ip)
+    assert lossbound.sport_range == 1 and lossbound.source_port == _process_ports(
+        runs["scheme=baseline,mode=ps,rep=1"])[1]
+    assert process_config(runs["scheme=spray,mode=ps,rep=1"], "worker", 0, ip).sport_range > 1

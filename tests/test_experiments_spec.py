@@ -74,6 +74,9 @@ MALFORMED = [
     ("job: {spray: blind}",
      "job.spray: 'blind' is not allowed (adaptive unless job.transport mlt: only mlt draws a source port per "
      "datagram)"),
+    ("job: {transport: mlt, spray: blind}",
+     "job.spray: 'blind' is not allowed (adaptive unless controller.lb spray: on a per-flow fabric mlt sends each "
+     "peer's datagrams from one source port, there is nothing to spray)"),
     ("job: {transport: mlt, spray: hashed}", "job.spray: 'hashed' is not allowed (one of adaptive, blind)"),
     ("job: {transport: mlt, drop_marking: true}",
      "job.drop_marking: true is not allowed (false unless job.loss_bound > 0 with transport mlt)"),

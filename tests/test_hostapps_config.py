@@ -56,7 +56,7 @@ LAYER_DSCP = "is not TENSOR:DSCP with TENSOR 0..4294967295 and DSCP 0..63"
     (["--mtu-payload", "65004"], "--mtu-payload: 65004 is not allowed (a multiple of 4 in 64..65000 (mlt: payload "
                                  "bytes per datagram))"),
     (["--sport-range", "0"], "--sport-range: 0 is not allowed (an integer 1..1024 (mlt: UDP source ports a "
-                             "sender sprays over))"),
+                             "sender sprays over; 1 on a per-flow fabric))"),
     (["--fusion", "2²"], f"--fusion: 2² is not allowed ({FUSION})"),
     (["--fusion", "٣"], f"--fusion: ٣ is not allowed ({FUSION})"),
     (["--fusion", "512"], f"--fusion: 512 is not allowed ({FUSION})"),

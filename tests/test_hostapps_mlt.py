@@ -275,6 +275,37 @@ def test_blind_spraying_leaves_the_path_monitor_out(loopback_addresses):
     assert observed == []
 
 
+def _data_ports(options: MltOptions, loopback_addresses) -> set[int]:
+    """The source ports a 20,000-float message's datagrams left from, as its receiver saw them."""
+    sender, receiver = transport_pair(loopback_addresses, options=options)
+    ports = set()
+    receiver._monitor.observe = lambda peer, port, sent_us, now, dscp: ports.add(port)
+    sender.send(RECEIVER, KEY, np.arange(20_000, dtype=np.float32))
+    receiver.recv(SENDER, KEY, np.empty(20_000, dtype=np.float32))
+    close_pair(sender, receiver)
+    return ports
+
+
+def test_one_source_port_makes_a_flow_per_peer_from_the_given_port(loopback_addresses):
+    """On a per-flow fabric (sport_range 1) every datagram leaves from --source-port, so ECMP places the
+    message as one flow, where the pool sprays it over many ports."""
+    (_, port), = loopback_addresses(1)
+    assert _data_ports(MltOptions(link_mbps=10000, sport_range=1, source_port=port), loopback_addresses) == {port}
+    assert len(_data_ports(MltOptions(link_mbps=10000, sport_range=64), loopback_addresses)) > 32
+
+
+def test_a_busy_source_port_falls_back_to_an_ephemeral_one_and_says_so(loopback_addresses, capfd):
+    busy = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    busy.bind(("127.0.0.1", 0))
+    port = busy.getsockname()[1]
+    try:
+        (sent_from,) = _data_ports(MltOptions(link_mbps=10000, sport_range=1, source_port=port), loopback_addresses)
+    finally:
+        busy.close()
+    assert sent_from != port
+    assert f"cannot send from 127.0.0.1:{port}" in capfd.readouterr().err
+
+
 def test_each_datagram_reaches_the_path_monitor_with_its_port_and_send_stamp(loopback_addresses):
     """Every data datagram is observed once, from one of the sender's source ports, stamped with the
     sender's clock as it left (within the send's wall time)."""

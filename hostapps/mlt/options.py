@@ -21,6 +21,9 @@ class MltOptions:
     # receivers name the source ports whose datagrams queued, senders steer away (hostapps.mlt.paths);
     # False: every datagram's port at random (blind spraying)
     adaptive_spray: bool = True
+    # with sport_range 1: the port that one socket binds, so per-flow ECMP places the datagrams to each peer
+    # as one flow, alike in every run given the same port; 0 (or a busy port): an ephemeral one
+    source_port: int = 0
 
 
 @dataclass

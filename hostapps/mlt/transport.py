@@ -6,7 +6,9 @@ source sockets: every data datagram leaves from one drawn at random (away from t
 reported congested: hostapps.mlt.paths), stamped with its send time, its DSCP set per datagram (IP_TOS
 ancillary data), so a fabric that hashes the UDP 5-tuple sprays a message over every path.  A leaf's
 split over its spines is a sample of that hash over the source ports: with 128 ports one side took
-about 7% more than the mean, with 1024 about 2.5% (|a - b| / (a + b) ~ sqrt(2 / (pi n))).
+about 7% more than the mean, with 1024 about 2.5% (|a - b| / (a + b) ~ sqrt(2 / (pi n))).  On a
+per-flow fabric (the runner gives --sport-range 1 unless the spec's lb is spray) the one source socket
+binds --source-port: the datagrams to each peer are one flow, which ECMP places as it places a TCP flow.
 
 - The receive loop (a thread) reads the home socket, drops what is not a trusted peer's (Peers),
   feeds data to the Receiver, feedback and advice to the Sender, and ticks both every half quiet
@@ -58,8 +60,18 @@ SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)  # Linux; Python does not
 DropFunction = Callable[[codec.Frame], bool]
 
 
-def _source_sockets(host: str, count: int) -> list[socket.socket]:
-    """`count` UDP sockets bound to ephemeral ports of `host`, the open-file limit raised for them."""
+def _source_sockets(host: str, count: int, port: int = 0) -> list[socket.socket]:
+    """`count` UDP sockets bound to ephemeral ports of `host`, the open-file limit raised for them; one
+    socket bound to `port` if given (else, said on stderr, to an ephemeral port) when `count` is 1."""
+    if count == 1 and port:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            sock.bind((host, port))
+            return [sock]
+        except OSError as e:
+            sock.close()
+            print(f"warning: cannot send from {host}:{port} ({e.strerror or e}); sending from an ephemeral port",
+                  file=sys.stderr, flush=True)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     open_now = len(os.listdir("/proc/self/fd"))
     wanted = open_now + count + FILES_BESIDE_SOURCES
@@ -323,7 +335,8 @@ class MltTransport(Transport):
         """The source sockets, opened by the first datagram sent (later ones read self._sources)."""
         with self._sources_lock:
             if not self._sources:
-                sources = _source_sockets(self.listen_address[0], self.options.sport_range)
+                sources = _source_sockets(self.listen_address[0], self.options.sport_range,
+                                           self.options.source_port)
                 self._paths = PathChooser([sock.getsockname()[1] for sock in sources])
                 self._sources = sources  # last: other threads read it without the lock
             return self._sources
