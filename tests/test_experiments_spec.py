@@ -280,7 +280,7 @@ def test_empty_spec_is_one_run_of_defaults():
     assert run.config.worker_hosts == ["h1", "h2", "h3", "h4"] and run.config.server_hosts == []
 
 
-SHIPPED_SPEC_RUNS = {"smoke": 2, "default": 18, "headline": 42, "headline_contended": 18, "loss_sweep": 12,
+SHIPPED_SPEC_RUNS = {"smoke": 2, "default": 18, "headline": 70, "headline_contended": 18, "loss_sweep": 12,
                      "tictac": 24, "caramel": 9, "lossy_allreduce": 6, "scale": 6, "spraying": 18}
 
 
