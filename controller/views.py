@@ -39,7 +39,7 @@ def describe_groups(view: FabricView, installed: Mapping[int, SwitchPlan],
     of each bucket (None before the first statistics)."""
     return {view.switches[d].name: [
         {"group_id": g.group_id, "ports": list(g.ports),
-         "selection_method": g.selection_method or "default",
+         "selection_method": g.selection_method,
          "bucket_packets": group_stats.get(d, {}).get(g.group_id)}
         for g in sorted(plan.groups.values(), key=lambda g: g.group_id)]
         for d, plan in installed.items() if d in view.switches}
