@@ -40,7 +40,6 @@ from controller.scheduling import CLASS_POLICIES
 from experiments.metrics import METRIC_COLUMNS
 from hostapps import schema
 from hostapps.config import U32, Training, check_training
-from hostapps.mlt import payload_for_mtu
 from hostapps.schema import SchemaError, knob, one_line, section, show
 from topologies.cluster import LOCAL, PLACERS, ClusterError, placement
 from topologies.layout import MAX_PER_TIER, Layout, fat_tree, leaf_spine
@@ -357,7 +356,6 @@ def check_config(config: RunConfig) -> None:
     if job.spray != "adaptive" and config.controller.lb != "spray":
         raise not_allowed("job.spray", job.spray, "adaptive unless controller.lb spray: on a per-flow fabric mlt "
                           "sends each peer's datagrams from one source port, there is nothing to spray")
-    check_loss_bound_granularity(config)
     topology = config.topology
     if config.cluster.servers:
         try:
@@ -390,26 +388,6 @@ def check_config(config: RunConfig) -> None:
             if not given and fault.kind == kind:
                 allowed = next(f for f in dataclasses.fields(Fault) if f.name == name).metadata["allowed"]
                 raise SpecError(f"{path}.{name}", f"missing ({allowed})")
-
-
-def check_loss_bound_granularity(config: RunConfig) -> None:
-    """A loss bound spares whole datagrams: a message of fewer than 1/bound of them can lose none.
-    The messages a spec sizes (PS slices, all-reduce partitions) must hold enough at its MTU."""
-    job = config.job
-    if job.transport != "mlt" or job.loss_bound == 0:
-        return
-    payload = payload_for_mtu(config.topology.mtu)
-    least = math.ceil(payload / job.loss_bound)
-    sized = []
-    if job.mode == "ps" and job.ps_slice_bytes:
-        sized.append("ps_slice_bytes")
-    if job.mode == "allreduce" and job.order in ("caramel", "bytescheduler"):
-        sized.append("partition_bytes")
-    for name in sized:
-        if getattr(job, name) < least:
-            raise not_allowed(f"job.{name}", getattr(job, name), f"at least {least} bytes with loss_bound "
-                              f"{job.loss_bound:g} at MTU {config.topology.mtu}: {math.ceil(1 / job.loss_bound)} "
-                              f"datagrams of {payload} bytes, so the bound can spare one")
 
 
 def get_field(config: Any, dotted: str) -> Any:

@@ -137,7 +137,8 @@ class Transport(ABC):
     @abstractmethod
     def send(self, peer: Peer, key: MessageKey, array: np.ndarray, tolerate_loss: bool = False) -> None:
         """Send a contiguous array as message `key`; returns once the bytes are handed off.  tolerate_loss: the
-        receiver may take it short by the transport's loss bound, its missing elements zero; only for values
+        receiver may take it short within the transport's loss bound (mlt counts it over the messages of the
+        key's tensor: docs/mlt.md), its missing elements zero; only for values
         whose loss the math absorbs (a gradient contribution to a sum), never for what replicas must agree on."""
 
     @abstractmethod

@@ -37,12 +37,6 @@ MALFORMED = [
                                 "interface of the fabric))"),
     ("topology: {tcp_cc: vegas}", "topology.tcp_cc: 'vegas' is not allowed (a TCP congestion control this "
                                   "kernel offers (reno, bbr, cubic), set in every host)"),
-    ("job: {mode: ps, transport: mlt, loss_bound: 0.05, ps_slice_bytes: 65536}",
-     "job.ps_slice_bytes: 65536 is not allowed (at least 178160 bytes with loss_bound 0.05 at MTU 9000: "
-     "20 datagrams of 8908 bytes, so the bound can spare one)"),
-    ("{topology: {mtu: 1500}, job: {transport: mlt, loss_bound: 0.01, send_order: caramel}}",
-     "job.partition_bytes: 65536 is not allowed (at least 140800 bytes with loss_bound 0.01 at MTU 1500: "
-     "100 datagrams of 1408 bytes, so the bound can spare one)"),
     ("controller: {lb: sprey}", "controller.lb: 'sprey' is not allowed (one of ecmp, spray, single)"),
     ("controller: {sched: p3}", "controller.sched: 'p3' is not allowed (one of fifo, layer, tictac, size)"),
     ("job: {mode: ring}", "job.mode: 'ring' is not allowed (one of allreduce, ps)"),

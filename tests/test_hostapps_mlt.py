@@ -65,9 +65,13 @@ def test_loss_bound_decision_at_the_boundary():
     assert exactly_bound.delivered == 1901 and exactly_bound.within_bound(0.05)
     assert exactly_bound.due(now=0.001, loss_bound=0.05, quiet_s=0.005) is None  # not quiet yet
     assert exactly_bound.due(now=0.005, loss_bound=0.05, quiet_s=0.005) == "complete"
-    one_byte_less = reassembled(2001, 100, {4, 20})
-    assert one_byte_less.delivered == 1900 and not one_byte_less.within_bound(0.05)
-    beyond = reassembled(2001, 100, {4, 5})
+    # Beyond its own share by less than a fragment: what its tensor's earlier messages left unspent may
+    # cover it (Sender.allowance), so only the sender's required bytes decide.
+    one_byte_more = reassembled(2001, 100, {4, 20})
+    assert one_byte_more.delivered == 1900 and one_byte_more.within_bound(0.05)
+    one_byte_more.required = 1901
+    assert not one_byte_more.within_bound(0.05)
+    beyond = reassembled(2001, 100, {4, 5})  # 200 missing: 100 of its own and a whole fragment more
     assert beyond.due(now=0.005, loss_bound=0.05, quiet_s=0.005) == "nack"
     assert list(missing_fragments(beyond.missing_bitmap(), 2001, 100)) == [4, 5]
     beyond.last_nack = 0.005
@@ -122,10 +126,10 @@ def test_drop_marking_picks_the_smallest_fragments_up_to_the_bound():
     values = np.ones(1000, dtype=np.float32)  # 40 fragments of 100 bytes (25 values)
     values[25 * 7:25 * 8] = 1e-3
     values[25 * 30:25 * 31] = -1e-2
-    marked = least_important_fragments(values, 100, 0.05)  # floor(0.05 * 40) = 2 fragments
+    marked = least_important_fragments(values, 100, 2)
     assert list(np.flatnonzero(marked)) == [7, 30]
-    assert not least_important_fragments(values, 100, 0.01).any()
-    assert least_important_fragments(values.astype(np.float64), 100, 0.05) is None
+    assert not least_important_fragments(values, 100, 0).any()
+    assert least_important_fragments(values.astype(np.float64), 100, 2) is None
 
 
 def test_rate_control_backs_off_on_loss_and_probes_back_up():
@@ -276,12 +280,13 @@ def test_blind_spraying_leaves_the_path_monitor_out(loopback_addresses):
 
 
 def _data_ports(options: MltOptions, loopback_addresses) -> set[int]:
-    """The source ports a 20,000-float message's datagrams left from, as its receiver saw them."""
+    """The source ports an 80,000-float message's datagrams left from, as its receiver saw them: 229 datagrams,
+    so drawn from a pool of 64 ports they leave from 62 on average (at 58 datagrams, 38 +- 2.4)."""
     sender, receiver = transport_pair(loopback_addresses, options=options)
     ports = set()
     receiver._monitor.observe = lambda peer, port, sent_us, now, dscp: ports.add(port)
-    sender.send(RECEIVER, KEY, np.arange(20_000, dtype=np.float32))
-    receiver.recv(SENDER, KEY, np.empty(20_000, dtype=np.float32))
+    sender.send(RECEIVER, KEY, np.arange(80_000, dtype=np.float32))
+    receiver.recv(SENDER, KEY, np.empty(80_000, dtype=np.float32))
     close_pair(sender, receiver)
     return ports
 
@@ -459,18 +464,19 @@ def test_the_largest_message_of_a_job_comes_from_its_model(changes, largest):
     assert assembly.largest_message_bytes(cfg, build_model(cfg)) == largest
 
 
-# 33024: the 66048-byte fc2 goes as two slices of 24 datagrams, the only messages where one lost datagram stays
-# within the bound (fc1 goes as two slices of 12 datagrams): tolerated loss then happens on slices.
+# 33024: the 66048-byte fc2 goes as two slices of 24 datagrams and fc1 as two of 12, where the bound spares
+# no datagram of its own: its tensor's first slice leaves its share to the second (Sender.allowance).
 @pytest.mark.parametrize("ps_slice_bytes", [0, 33024])
 def test_training_converges_with_random_loss_within_the_bound(loopback_addresses, monkeypatch, ps_slice_bytes):
     transports = []
-    received = {"worker": [], "server": []}  # delivered fractions of the messages each role received
+    received = {"worker": [], "server": []}  # (peer, iteration, tensor, bytes, delivered fraction) of each message
     rng = random.Random(1)
 
     def lossy_transport(me, listen, job, timeout, log, options):
         def logged(*message):
-            if message[4] == "recv":
-                received[me.role].append(message[-1])
+            iteration, tensor, _, total, direction, peer, *_, fraction = message
+            if direction == "recv":
+                received[me.role].append((peer, iteration, tensor, total, fraction))
             log(*message)
         transports.append(MltTransport(me, listen, job, timeout, logged, options,
                                        drop=lambda frame: rng.random() < 0.01))
@@ -480,10 +486,14 @@ def test_training_converges_with_random_loss_within_the_bound(loopback_addresses
                         ps_slice_bytes=ps_slice_bytes, **LOOPBACK)
     assert summaries[0]["final_accuracy"] >= 0.9
     assert sum(t.stats.datagrams_dropped for t in transports) > 0
-    # The server NACKs pushes only below 95% delivered; everything else completes as it is.
-    assert max(t.stats.nack_max_delivered for t in transports if t.me.role == "server") < 0.95
-    assert min(received["server"]) >= 0.95 and any(f < 1 for f in received["server"])
-    assert set(received["worker"]) == {1.0}  # pulls are exact
+    # The bound holds over each tensor a worker pushes, whatever its slices lost.
+    tensors: dict[tuple, list[float]] = {}
+    for peer, iteration, tensor, total, fraction in received["server"]:
+        delivered, sent = tensors.setdefault((peer, iteration, tensor), [0.0, 0.0])
+        tensors[(peer, iteration, tensor)] = [delivered + total * fraction, sent + total]
+    fractions = [delivered / sent for delivered, sent in tensors.values()]
+    assert min(fractions) >= 0.95 and any(f < 1 for f in fractions)
+    assert {fraction for *_, fraction in received["worker"]} == {1.0}  # pulls are exact
     assert np.array_equal(summaries[0]["model"].params, summaries[1]["model"].params)
 
 

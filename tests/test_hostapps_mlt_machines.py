@@ -70,8 +70,8 @@ def drain(machine: Sender, now: float = 0.0) -> list[Emission]:
 
 def submit(machine: Sender, peer: Peer = RECEIVER, key: MessageKey = KEY, payload: bytes | None = None,
            tolerate_loss: bool = False) -> Outgoing:
-    return machine.submit(peer, key, np.frombuffer(MESSAGE if payload is None else payload, np.uint8).copy(), None,
-                          tolerate_loss)
+    data = np.frombuffer(MESSAGE if payload is None else payload, np.uint8).copy()
+    return machine.submit(peer, key, data, None, machine.allowance(peer, key, data.size, tolerate_loss))
 
 
 def feedback_of(actions) -> list[codec.Datagram]:
@@ -101,9 +101,9 @@ def test_a_whole_message_is_acked_and_delivered_its_sender_advised_its_share_whi
 
 
 def test_a_quiet_message_within_the_bound_completes_and_one_below_it_is_nacked_each_quiet_period():
-    within = receiver(loss_bound=0.1)  # 102 bytes may be missing: one fragment
+    within = receiver(loss_bound=0.1)  # its sender allows one 100-byte fragment missing (Sender.allowance)
     for index in set(range(11)) - {4}:
-        within.on_data(SENDER, data(KEY, index, MESSAGE), now=0.0)
+        within.on_data(SENDER, data(KEY, index, MESSAGE, required=924), now=0.0)
     assert feedback_of(within.tick(0.004)) == []  # not quiet yet (quiet_s is 5 ms)
     actions = within.tick(0.005)
     assert [a.message.delivered for a in actions if isinstance(a, Delivery)] == [924]
@@ -111,7 +111,7 @@ def test_a_quiet_message_within_the_bound_completes_and_one_below_it_is_nacked_e
 
     below = receiver(loss_bound=0.1)
     for index in set(range(11)) - {4, 7}:
-        below.on_data(SENDER, data(KEY, index, MESSAGE), now=0.0)
+        below.on_data(SENDER, data(KEY, index, MESSAGE, required=924), now=0.0)
     nack, = feedback_of(below.tick(0.005))
     assert nack.frame.kind == codec.KIND_NACK and nack.delivered == 824
     assert list(wire.missing_fragments(nack.payload, 1024, FRAGMENT)) == [4, 7]
@@ -316,13 +316,13 @@ def nack(message: bytes, missing: list[int], fragment: int = FRAGMENT, key: Mess
 
 
 def test_a_nack_produces_just_enough_resends_and_a_busy_message_is_not_served_twice():
-    machine = sender(loss_bound=0.1)  # 1024 bytes: 102 may be missing
+    machine = sender(loss_bound=0.1)  # 1024 bytes: 102 may be missing, one whole 100-byte fragment
     message = submit(machine, tolerate_loss=True)
     machine.on_feedback(RECEIVER, nack(MESSAGE, [2, 5, 10]), now=0.0)  # during the first pass: ignored
     first = first_pass(machine, message)
     assert len(first) == 11 and drain(machine) == []
-    assert {on_the_wire(e).delivered for e in first} == {1024 - 102}  # the bytes the receiver must hold
-    machine.on_feedback(RECEIVER, nack(MESSAGE, [2, 5, 10]), now=0.01)  # 224 missing: 122 short of the bound
+    assert {on_the_wire(e).delivered for e in first} == {1024 - 100}  # the bytes the receiver must hold
+    machine.on_feedback(RECEIVER, nack(MESSAGE, [2, 5, 10]), now=0.01)  # 224 missing: 124 short of the bound
     assert machine.ready
     machine.on_feedback(RECEIVER, nack(MESSAGE, [2, 5, 10]), now=0.011)  # the resends are not out yet: ignored
     resent = drain(machine)
@@ -339,20 +339,46 @@ def test_an_exact_message_resends_every_fragment_a_nack_names_whatever_the_loss_
     assert [on_the_wire(e).frame.offset for e in drain(machine)] == [200, 500, 1000]
 
 
+def test_a_tensor_in_slices_too_small_to_lose_a_fragment_still_spares_its_share():
+    """Hand-checked: 5% of 16 slices of 1000 bytes in 100-byte fragments.  Each adds 50 bytes, half a fragment:
+    every second slice may miss one fragment; per slice the bound (50 bytes) would spare none."""
+    machine = sender(loss_bound=0.05)
+    slices = [machine.allowance(RECEIVER, KEY._replace(step=2 * part), 1000, True) for part in range(16)]
+    assert slices == [0, 100] * 8 and sum(slices) == 0.05 * 16 * 1000
+    # Another tensor, another peer and the next iteration start from nothing; an exact message takes none.
+    assert machine.allowance(RECEIVER, KEY._replace(tensor=2), 1000, True) == 0
+    assert machine.allowance(OTHER, KEY, 1000, True) == 0
+    assert machine.allowance(RECEIVER, KEY._replace(step=98), 1000, False) == 0
+    assert machine.allowance(RECEIVER, KEY._replace(iteration=4), 1000, True) == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 5000), min_size=1, max_size=30), st.sampled_from([0.01, 0.05, 0.2]))
+def test_a_tensor_never_misses_more_than_its_bound_and_each_message_keeps_a_fragment(sizes, loss_bound):
+    machine = sender(loss_bound=loss_bound)
+    allowed = [machine.allowance(RECEIVER, KEY._replace(step=2 * part), size, True) for part, size in enumerate(sizes)]
+    assert sum(allowed) <= loss_bound * sum(sizes)
+    for size, allowance in zip(sizes, allowed):
+        assert allowance % FRAGMENT == 0 and allowance <= (wire.fragment_count(size, FRAGMENT) - 1) * FRAGMENT
+        assert allowance <= wire.most_missing_bytes(size, loss_bound, FRAGMENT)  # what its receiver accepts
+
+
 def test_a_nack_resends_important_fragments_first_and_never_marks_them():
     values = np.ones(250, np.float32)  # 10 fragments of 100 bytes (25 floats)
     values[25 * 3:25 * 4] = 1e-6       # fragment 3 is the least important
     machine = sender(loss_bound=0.1, drop_marking=True)
-    marked = machine.lower_effort(values, tolerate_loss=True)
-    assert list(np.flatnonzero(marked)) == [3]
-    assert machine.lower_effort(values, tolerate_loss=False) is None  # an exact message needs every fragment
-    first = first_pass(machine, machine.submit(RECEIVER, KEY, values.view(np.uint8).copy(), marked, True))
+    allowance = machine.allowance(RECEIVER, KEY, values.nbytes, tolerate_loss=True)  # 100 of 1000 bytes
+    marked = machine.lower_effort(values, allowance)
+    assert allowance == 100 and list(np.flatnonzero(marked)) == [3]
+    assert machine.allowance(RECEIVER, KEY, values.nbytes, tolerate_loss=False) == 0  # an exact message: all of it
+    assert not machine.lower_effort(values, 0).any()
+    first = first_pass(machine, machine.submit(RECEIVER, KEY, values.view(np.uint8).copy(), marked, allowance))
     assert [e.dscp for e in first if e.lower_effort] == [LE_DSCP] and first[3].lower_effort
     machine.on_feedback(RECEIVER, nack(values.tobytes(), [3, 6]), now=0.01)  # 100 bytes short: one fragment
     assert [(on_the_wire(e).frame.offset, e.lower_effort) for e in drain(machine)] == [(600, False)]
-    assert sender(drop_marking=True).lower_effort(values, True) is None  # no loss bound: nothing may go
+    assert sender(drop_marking=True).allowance(RECEIVER, KEY, values.nbytes, True) == 0  # no loss bound: none
     assert Sender(RECEIVER, JOB, options(loss_bound=0.1, drop_marking=True), TIMEOUT,
-                  MltStats()).lower_effort(values, True) is None  # a server's parameters are never marked
+                  MltStats()).lower_effort(values, 100) is None  # a server's parameters are never marked
 
 
 def test_a_lost_last_fragment_is_probed_after_the_rto_which_doubles():
@@ -490,7 +516,8 @@ def exchange(values: np.ndarray, loss_bound: float, lost, tolerate_loss: bool = 
     """Send `values` from a Sender to a Receiver, ticking both whenever the sender idles; `lost()` drops each
     datagram either way but RATE advice.  Timeouts so long that only a bug could fail the exchange."""
     tx, rx = sender(1000.0, loss_bound=loss_bound), receiver(1000.0, loss_bound=loss_bound)
-    message = tx.submit(RECEIVER, KEY, values.view(np.uint8).copy(), None, tolerate_loss)
+    message = tx.submit(RECEIVER, KEY, values.view(np.uint8).copy(), None,
+                        tx.allowance(RECEIVER, KEY, values.nbytes, tolerate_loss))
     now, delivered = 0.0, []
     while tx.outgoing:
         assert now < 600, "no progress"
@@ -524,6 +551,8 @@ def test_every_message_arrives_within_its_bound_whatever_is_lost(floats, loss_bo
     arrived = out != 0
     assert np.array_equal(out[arrived], values[arrived])  # what arrived is right; what did not reads zero
     assert values.nbytes - delivery.message.delivered <= wire.allowed_missing_bytes(values.nbytes, loss_bound)
+    assert values.nbytes - delivery.message.delivered <= tx.allowance(RECEIVER, KEY._replace(iteration=9),
+                                                                      values.nbytes, tolerate_loss)
     assert (loss_bound > 0 and tolerate_loss) or delivery.message.delivered == values.nbytes  # exact: all of it
 
 

@@ -73,7 +73,7 @@ class Reassembly:
 
     def within_bound(self, loss_bound: float) -> bool:
         return (self.delivered >= self.required
-                and self.total - self.delivered <= wire.allowed_missing_bytes(self.total, loss_bound))
+                and self.total - self.delivered <= wire.most_missing_bytes(self.total, loss_bound, self.fragment_bytes))
 
     def quiet_period(self, quiet_s: float) -> float:
         if self.arrivals < 2:

@@ -58,8 +58,8 @@ def fragments_to_resend(missing: np.ndarray, marked: np.ndarray | None, total: i
     return order[:int(np.searchsorted(np.cumsum(sizes), short_bytes)) + 1]
 
 
-def least_important_fragments(values: np.ndarray, fragment_bytes: int, share: float) -> np.ndarray | None:
-    """Per fragment of a float32 gradient: True for the floor(share x fragments) with smallest max |value|."""
+def least_important_fragments(values: np.ndarray, fragment_bytes: int, chosen: int) -> np.ndarray | None:
+    """Per fragment of a float32 gradient: True for the `chosen` with smallest max |value|."""
     if values.dtype != np.float32 or values.size == 0:
         return None
     per = fragment_bytes // 4
@@ -68,7 +68,6 @@ def least_important_fragments(values: np.ndarray, fragment_bytes: int, share: fl
     np.abs(values.reshape(-1), out=magnitude[:values.size])
     magnitude = magnitude.reshape(count, per).max(axis=1)
     marked = np.zeros(count, dtype=bool)
-    chosen = math.floor(share * count + 1e-9)
     if chosen:
         marked[np.argpartition(magnitude, chosen - 1)[:chosen]] = True
     return marked
@@ -147,6 +146,7 @@ class Sender:
         self._feedback_delay: dict[Peer, tuple[float, float]] = {}  # per peer: smoothed, variation
         self._first_passes: list[Outgoing] = []  # messages whose first pass is not all handed out, oldest first
         self._served: dict[Peer, tuple[int, int]] = {}  # per peer: its latest iteration, first-pass bytes of it
+        self._unspent: dict[tuple[Peer, int], tuple[int, int]] = {}  # (peer, tensor): iteration, bytes (allowance)
 
     def add_peer(self, peer: Peer) -> None:
         self.pacer.add(peer)
@@ -156,20 +156,34 @@ class Sender:
             raise ValueError(f"DSCP {dscp} is not in 0..63")
         self._dscp[peer] = dscp
 
-    def lower_effort(self, values: np.ndarray, tolerate_loss: bool) -> np.ndarray | None:
-        """Per fragment of a message, whether its first pass sends it LE: only with drop marking, and only a
-        worker's message that tolerates loss (a gradient).  Reads no state that changes: callable outside the
-        transport's lock."""
-        if self.drop_marking and self.loss_bound > 0 and tolerate_loss and self.me.role == "worker":
-            return least_important_fragments(values, self.fragment_bytes, self.loss_bound)
+    def allowance(self, peer: Peer, key: MessageKey, total: int, tolerate_loss: bool) -> int:
+        """The bytes of a message that may stay missing, in whole fragments (a lost datagram is a lost fragment):
+        0 for an exact message.  The bound is counted over the message's tensor, all its messages to `peer` in
+        the iteration (PS slices, ring chunks): each adds loss_bound x its bytes, and what whole fragments
+        leave of that goes to the next, so that a tensor in slices of fewer than 1/loss_bound datagrams
+        still spares its share (docs/mlt.md: the bound is counted over a tensor).  At least one fragment must arrive."""
+        if not tolerate_loss or self.loss_bound == 0:
+            return 0
+        iteration, unspent = self._unspent.get((peer, key.tensor), (key.iteration, 0))
+        budget = wire.allowed_missing_bytes(total, self.loss_bound) + (unspent if iteration == key.iteration else 0)
+        fragments = min(budget // self.fragment_bytes, wire.fragment_count(total, self.fragment_bytes) - 1)
+        allowed = min(total, fragments * self.fragment_bytes)
+        self._unspent[(peer, key.tensor)] = (key.iteration, min(budget - allowed, self.fragment_bytes - 1))
+        return allowed
+
+    def lower_effort(self, values: np.ndarray, allowance: int) -> np.ndarray | None:
+        """Per fragment of a message, whether its first pass sends it LE: with drop marking, as many of a worker's
+        message (a gradient) as its allowance of missing bytes covers.  Reads no state that changes: callable
+        outside the transport's lock."""
+        if self.drop_marking and self.me.role == "worker":
+            return least_important_fragments(values, self.fragment_bytes, allowance // self.fragment_bytes)
         return None
 
     def submit(self, peer: Peer, key: MessageKey, payload: np.ndarray, marked: np.ndarray | None,
-               tolerate_loss: bool = False) -> Outgoing:
+               allowance: int = 0) -> Outgoing:
         """A message to send: kept until ACKed; its first pass is handed out by first_datagram.  It may arrive
-        short by the loss bound only if it tolerates loss; otherwise it arrives whole."""
-        message = Outgoing(peer, key, payload, marked,
-                           wire.required_bytes(payload.size, self.loss_bound, tolerate_loss),
+        short by its allowance (Sender.allowance); with none it arrives whole."""
+        message = Outgoing(peer, key, payload, marked, payload.size - allowance,
                            self.tensor_dscp.get(key.tensor, self._dscp.get(peer, 0)),
                            max(1, wire.fragment_count(payload.size, self.fragment_bytes)))
         self.outgoing[(peer, key)] = message

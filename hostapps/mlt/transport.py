@@ -244,10 +244,12 @@ class MltTransport(Transport):
                                  f"than the job's largest message ({self.options.max_message_bytes} bytes)")
         values = np.ascontiguousarray(array)
         payload = values.reshape(-1).view(np.uint8).copy()
-        marked = self._sender.lower_effort(values, tolerate_loss)
+        with self._lock:
+            allowance = self._sender.allowance(peer, key, payload.size, tolerate_loss)
+        marked = self._sender.lower_effort(values, allowance)
         start = time.time()
         with self._lock:
-            message = self._sender.submit(peer, key, payload, marked, tolerate_loss)
+            message = self._sender.submit(peer, key, payload, marked, allowance)
             try:
                 while True:
                     if self._stopped.is_set():

@@ -29,14 +29,14 @@ def fragment_count(total: int, fragment_bytes: int) -> int:
 
 
 def allowed_missing_bytes(total: int, loss_bound: float) -> int:
-    """The bytes of a `total`-byte message that may stay missing under a loss bound."""
+    """A `total`-byte message's own share of a loss bound, in bytes."""
     return math.floor(loss_bound * total + 1e-9)  # so that 0.29 * 100 allows 29 bytes
 
 
-def required_bytes(total: int, loss_bound: float, tolerate_loss: bool) -> int:
-    """The bytes of a message its receiver must hold before it completes it: all of them for an exact
-    message, all but allowed_missing_bytes for one that tolerates loss.  DATA datagrams carry it."""
-    return total - allowed_missing_bytes(total, loss_bound) if tolerate_loss else total
+def most_missing_bytes(total: int, loss_bound: float, fragment_bytes: int) -> int:
+    """The most bytes a message may miss: its own share of the bound and, the bound being counted over
+    its tensor (Sender.allowance), less than a fragment its tensor's earlier messages left unspent."""
+    return allowed_missing_bytes(total, loss_bound) + fragment_bytes - 1 if loss_bound > 0 else 0
 
 
 def wire_bytes(payload_bytes: int) -> int:
