@@ -128,7 +128,9 @@ def test_fidelity_guard_flags_a_fabric_the_machine_cannot_emulate(tmp_path):
     (run,) = pd.read_csv(out / "runs.csv").to_dict("records")
     print(run["fidelity_reason"])
     assert run["fidelity_ok"] is False
-    assert run["cpu_util_mean"] > 0.9 or run["vswitchd_thread_util_mean"] >= 0.9
-    assert "machine CPU" in run["fidelity_reason"] or "forwarding thread" in run["fidelity_reason"]
+    # Which limit shows first depends on the machine's day: once its CPU at 0.79 but 54 frames lost at the
+    # port sockets, a forwarding thread that fell behind.
+    assert any(limit in run["fidelity_reason"] for limit in ("machine CPU", "forwarding thread",
+                                                             "dropped outside the class queues"))
     assert f"failed the fidelity guard ({run['fidelity_reason']})" in (out / "summary.md").read_text()
     assert leftovers() == []
