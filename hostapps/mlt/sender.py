@@ -167,7 +167,7 @@ class Sender:
         iteration, unspent = self._unspent.get((peer, key.tensor), (key.iteration, 0))
         budget = wire.allowed_missing_bytes(total, self.loss_bound) + (unspent if iteration == key.iteration else 0)
         fragments = min(budget // self.fragment_bytes, wire.fragment_count(total, self.fragment_bytes) - 1)
-        allowed = min(total, fragments * self.fragment_bytes)
+        allowed = fragments * self.fragment_bytes  # under total: at least one fragment must arrive
         self._unspent[(peer, key.tensor)] = (key.iteration, min(budget - allowed, self.fragment_bytes - 1))
         return allowed
 
