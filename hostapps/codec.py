@@ -134,8 +134,8 @@ def decode_datagram(data: memoryview) -> Datagram:
         raise FrameError(f"{delivered} bytes delivered of a {frame.total}-byte message")
     if frame.kind in (KIND_DATA, KIND_NACK) and fragment_bytes == 0:
         raise FrameError("fragment size 0")
-    if frame.kind == KIND_DATA and (frame.offset % fragment_bytes
-                                    or frame.length != min(fragment_bytes, frame.total - frame.offset)):
+    if frame.kind == KIND_DATA and (frame.offset % fragment_bytes  # header alone: mlt's probe of a fragment
+                                    or frame.length not in (0, min(fragment_bytes, frame.total - frame.offset))):
         raise FrameError(f"fragment {frame.offset}+{frame.length} is off the {fragment_bytes}-byte grid "
                          f"of a {frame.total}-byte message")
     if frame.kind == KIND_NACK and (frame.offset or frame.length != nack_bitmap_bytes(frame.total, fragment_bytes)):

@@ -93,3 +93,20 @@ def test_shards_are_balanced_within_the_largest_tensor(sizes, shards):
     if len(sizes) >= shards:
         assert min(load) > 0
     assert max(load) - min(load) <= max(sizes)
+
+
+@pytest.mark.parametrize("offset, length, fine", [
+    (200, 24, True),   # the last fragment of a 224-byte message in 100-byte fragments
+    (200, 0, True),    # its header alone: mlt's probe
+    (100, 0, True),
+    (150, 0, False),   # off the grid
+    (100, 50, False),  # a fragment cut short
+])
+def test_data_datagrams_are_whole_fragments_on_the_grid_or_a_header_alone(offset, length, fine):
+    frame = codec.Frame(codec.KIND_DATA, "worker", 0, 0, 0, 0, 0, offset, length, 224)
+    data = memoryview(codec.encode_datagram_header(frame, 0, 100) + bytes(length))
+    if fine:
+        assert codec.decode_datagram(data).frame == frame
+    else:
+        with pytest.raises(codec.FrameError, match="grid"):
+            codec.decode_datagram(data)

@@ -79,7 +79,7 @@ def test_loss_bound_decision_at_the_boundary():
     assert reassembled(2001, 100, set()).due(now=0.005, loss_bound=0.0, quiet_s=0.005) == "complete"
     assert reassembled(2001, 100, {4}).due(now=0.005, loss_bound=0.0, quiet_s=0.005) == "nack"  # p=0: all
     # Until the last fragment arrives the sender may still be sending (a stalled thread): no decision,
-    # however long the quiet; its probe re-sends the last fragment.
+    # however long the quiet; its probe says when the pass is over.
     no_last = reassembled(2001, 100, {4, 20})
     assert no_last.within_bound(0.1) and no_last.due(now=10.0, loss_bound=0.1, quiet_s=0.005) is None
     no_last.add(2000, 2001, 100, memoryview(b"x"), now=0.001)
@@ -353,7 +353,7 @@ def test_datagrams_the_local_stack_refuses_count_as_lost_and_are_retransmitted(l
     sender.send(RECEIVER, KEY, values)
     out = np.empty_like(values)
     assert receiver.recv(SENDER, KEY, out) == 1.0 and np.array_equal(out, values)
-    stats = sender.stats  # a refused last fragment is recovered by the probe that re-sends it
+    stats = sender.stats  # a refused last fragment is recovered by the probe and the NACK it brings
     assert stats.datagrams_refused > 0 and stats.fragments_retransmitted + stats.probes >= stats.datagrams_refused
     close_pair(sender, receiver)
 
@@ -599,7 +599,7 @@ def test_a_nack_for_another_fragment_grid_is_dropped_and_the_message_still_deliv
     nack = codec.Frame(codec.KIND_NACK, RECEIVER.role, RECEIVER.rank, KEY.step, 0, KEY.iteration, KEY.tensor,
                        0, 5, values.nbytes)
     forge(sender.listen_address, nack, 100, b"\xf8" + b"\xff" * 4, delivered=300)
-    out = np.empty_like(values)  # the sender's probe re-sends the last fragment; the receiver NACKs the rest
+    out = np.empty_like(values)  # the sender's probe ends its pass; the receiver NACKs it whole
     assert receiver.recv(SENDER, KEY, out) == 1.0 and np.array_equal(out, values)
     assert sender.stats.mismatched == 1 and all(thread.is_alive() for thread in sender._threads)
     close_pair(sender, receiver)

@@ -49,6 +49,13 @@ def data(key: MessageKey, index: int, message: bytes, fragment: int = FRAGMENT, 
     return datagram(codec.encode_datagram_header(frame, index, fragment, required) + payload)
 
 
+def probe(key: MessageKey, message: bytes, fragment: int = FRAGMENT, required: int = 0) -> codec.Datagram:
+    """SENDER's probe of `message`: its last fragment's header, without the payload."""
+    offset = (wire.fragment_count(len(message), fragment) - 1) * fragment
+    frame = wire.data_frame(SENDER, JOB, key, offset, 0, len(message))
+    return datagram(codec.encode_datagram_header(frame, 1, fragment, required))
+
+
 def first_pass(machine: Sender, message: Outgoing, now: float = 0.0) -> list[Emission]:
     """The message's first pass as its caller sends it, reported sent at its end."""
     emissions = []
@@ -147,6 +154,45 @@ def test_a_late_duplicate_is_acked_again_at_most_once_per_quiet_period():
     ack, = machine.on_data(SENDER, data(KEY, 10, MESSAGE), now=0.006)  # a probe: our ACK was lost
     assert datagram(ack.datagram).frame.kind == codec.KIND_ACK and datagram(ack.datagram).delivered == 1024
     assert machine.stats.duplicates == 2
+
+
+def test_a_probe_ends_the_pass_so_the_quiet_rule_decides():
+    """A lost last fragment: the probe says the pass is over, and the quiet rule then NACKs what is missing
+    (or completes a message within its bound); a probe of a message none of which came is NACKed whole."""
+    lost_last = receiver(loss_bound=0.0)
+    for index in range(10):
+        lost_last.on_data(SENDER, data(KEY, index, MESSAGE, required=1024), now=0.0)
+    assert feedback_of(lost_last.tick(0.019)) == []  # however quiet: the sender may still be sending
+    assert lost_last.on_data(SENDER, probe(KEY, MESSAGE, required=1024), now=0.02) == ()
+    nack, = feedback_of(lost_last.tick(0.02))  # quiet since 0.0: its next tick decides
+    assert nack.frame.kind == codec.KIND_NACK and list(wire.missing_fragments(nack.payload, 1024, FRAGMENT)) == [10]
+    assert lost_last.stats.duplicates == 0
+
+    within = receiver(loss_bound=0.1)
+    for index in range(10):  # the last fragment (24 bytes) is within the bound
+        within.on_data(SENDER, data(KEY, index, MESSAGE, required=924), now=0.0)
+    within.on_data(SENDER, probe(KEY, MESSAGE, required=924), now=0.02)
+    actions = within.tick(0.02)
+    assert [a.message.delivered for a in actions if isinstance(a, Delivery)] == [1000]
+
+    unseen = receiver()
+    assert feedback_of(unseen.on_data(SENDER, probe(KEY, MESSAGE, required=1024), now=0.0)) == []
+    nack, = feedback_of(unseen.tick(0.005))
+    assert nack.delivered == 0 and list(wire.missing_fragments(nack.payload, 1024, FRAGMENT)) == list(range(11))
+
+    mismatched = receiver()
+    mismatched.on_data(SENDER, data(KEY, 0, MESSAGE), now=0.0)
+    mismatched.on_data(SENDER, probe(KEY, MESSAGE, fragment=200), now=0.01)
+    assert mismatched.stats.mismatched == 1 and feedback_of(mismatched.tick(1.0)) == []  # not the pass's end
+
+
+def test_a_probe_of_a_completed_message_is_acked_again_and_is_no_duplicate():
+    machine = receiver()
+    for index in range(11):
+        machine.on_data(SENDER, data(KEY, index, MESSAGE), now=0.0)
+    ack, = machine.on_data(SENDER, probe(KEY, MESSAGE), now=0.006)
+    assert datagram(ack.datagram).frame.kind == codec.KIND_ACK and datagram(ack.datagram).delivered == 1024
+    assert machine.stats.duplicates == 0
 
 
 def test_oversized_and_over_budget_messages_are_counted_not_held(monkeypatch):
@@ -387,8 +433,9 @@ def test_a_lost_last_fragment_is_probed_after_the_rto_which_doubles():
     first_pass(machine, message, now=0.0)
     assert machine.tick(RTO_S - 0.001) == [] and machine.next_datagram(RTO_S - 0.001) is None
     assert machine.tick(RTO_S) == []
-    probe, = drain(machine, now=RTO_S)
-    assert on_the_wire(probe).frame.offset == 1000 and not probe.first and machine.stats.probes == 1
+    sent, = drain(machine, now=RTO_S)  # the last fragment's header alone
+    assert (on_the_wire(sent).frame.offset, on_the_wire(sent).frame.length) == (1000, 0)
+    assert wire.is_probe(sent.frame) and not sent.first and machine.stats.probes == 1
     assert message.probe_at == pytest.approx(3 * RTO_S)  # the next after twice the RTO
     machine.tick(3 * RTO_S)
     drain(machine, now=3 * RTO_S)

@@ -49,7 +49,7 @@ class Reassembly:
         self.arrivals = 0
         self.first_arrival = self.last_arrival = now
         self.last_nack = -math.inf
-        self.saw_last = False  # the last fragment arrived: the sender's first pass is over
+        self.saw_last = False  # the last fragment or a probe arrived: the sender's pass is over
 
     def add(self, offset: int, total: int, fragment_bytes: int, payload: memoryview, now: float) -> bool:
         """Place one fragment; False for a duplicate."""
@@ -84,7 +84,7 @@ class Reassembly:
         """'complete', 'nack' or None (keep waiting) for a message that is not yet whole."""
         quiet = self.quiet_period(quiet_s)
         if not self.saw_last or now - self.last_arrival < quiet:
-            return None  # a lost last fragment: the sender's probe re-sends it
+            return None  # a lost last fragment: the sender's probe will say its pass is over
         if self.within_bound(loss_bound):
             return "complete"
         return "nack" if now - self.last_nack >= quiet else None
@@ -144,11 +144,13 @@ class Receiver:
         frame = datagram.frame
         key = MessageKey(frame.iteration, frame.tensor, frame.step)
         ident = (peer, key)
+        probe = wire.is_probe(frame)
         reassembly = self.incoming.get(ident)
+        advice: Sequence[Action] = ()
         if reassembly is None:
             done = self._completed.get(ident)
             if done is not None:  # a late duplicate or a probe: our ACK may have been lost
-                self.stats.duplicates += 1
+                self.stats.duplicates += not probe
                 if now - done[1] < self.quiet_s:
                     return ()
                 done[1] = now
@@ -167,8 +169,15 @@ class Receiver:
             self._held_messages[peer] += 1
             self._held_bytes[peer] += footprint
             if self._count_in_flight(peer, key, reassembly, +1):
-                return [*self._advice(now, changed_only=True), *self._place(peer, key, reassembly, datagram, now)]
-        return self._place(peer, key, reassembly, datagram, now)
+                advice = self._advice(now, changed_only=True)
+        if probe:  # the sender's pass is over: the quiet rule completes or NACKs the message (every byte, if none came)
+            if (frame.total, datagram.fragment_bytes) != (reassembly.total, reassembly.fragment_bytes):
+                self.stats.mismatched += 1
+            else:
+                reassembly.saw_last = True
+            return advice
+        placed = self._place(peer, key, reassembly, datagram, now)
+        return [*advice, *placed] if advice else placed
 
     def _place(self, peer: Peer, key: MessageKey, reassembly: Reassembly, datagram: codec.Datagram,
                now: float) -> Sequence[Action]:

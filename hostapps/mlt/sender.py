@@ -19,9 +19,11 @@ A message is kept until its receiver ACKs it.  It either tolerates loss (a gradi
 be reduced) or is exact (what every replica must agree on: all-gathered sums, pulled parameters,
 agreements); its DATA datagrams tell the receiver how many of its bytes it must hold.  A NACK is
 answered with just enough of the fragments it names to bring the message within its bound, 0 for
-an exact one (unmarked ones first); a message that hears nothing for its RTO after a pass has its
-last fragment re-sent (a probe, which makes the receiver ACK or NACK it), with the RTO doubling up
-to MAX_RTO_S; one that hears nothing for the timeout fails its peer.  The RTO follows the peer's
+an exact one (unmarked ones first); a message that hears nothing for its RTO after a pass is probed:
+its last fragment's header goes alone (wire.is_probe), which tells the receiver the pass is over so
+that it ACKs or NACKs it; most probes find the message whole and its ACK on the way, and a
+header costs the receiver's link almost nothing where a re-sent fragment cost a jumbo frame.  The RTO
+doubles up to MAX_RTO_S; one that hears nothing for the timeout fails its peer.  The RTO follows the peer's
 feedback delay (from the end of a pass to its ACK or NACK) as TCP's does its round trip (RFC 6298:
 smoothed delay + 4 x its variation), between MIN_RTO_S and RTO_S: a lost last fragment stalls its
 message for a few round trips, not for a fixed 100 ms.
@@ -102,13 +104,19 @@ class Outgoing:
 
 @dataclass
 class Pass:
-    """Fragments of a message to send again, in order: a NACK's resends or a probe."""
+    """Fragments of a message to send again, in order: a NACK's resends, or a probe (its last fragment's
+    header alone: wire.is_probe)."""
     message: Outgoing
     fragments: Sequence[int]
+    probe: bool = False
     position: int = 0
 
     def next_index(self) -> int:
         return int(self.fragments[self.position])
+
+    def next_length(self, fragment_bytes: int) -> int:
+        """Payload bytes of the next datagram: none for a probe."""
+        return 0 if self.probe else self.message.length(self.next_index(), fragment_bytes)
 
 
 class Emission(NamedTuple):
@@ -242,7 +250,7 @@ class Sender:
         length = message.length(index, self.fragment_bytes)
         self._count_served(message.peer, message.key.iteration, length)
         at = self.pacer.reserve(message.peer, wire.wire_bytes(length), now)
-        return self._emission(message, index, at, True, message.handed_out == message.fragments)
+        return self._emission(message, index, length, at, True, message.handed_out == message.fragments)
 
     def _count_served(self, peer: Peer, iteration: int, nbytes: int) -> None:
         """Add first-pass bytes sent to `peer` in `iteration`; a later iteration starts the count afresh."""
@@ -262,12 +270,12 @@ class Sender:
         reserved); None when none waits."""
         if not self._passes:
             return None
-        heads = [(waiting, wire.wire_bytes(passes[0].message.length(passes[0].next_index(), self.fragment_bytes)))
+        heads = [(waiting, wire.wire_bytes(passes[0].next_length(self.fragment_bytes)))
                  for waiting, passes in self._passes.items()]
         peer, at = self.pacer.schedule(heads, now)
         passes = self._passes[peer]
         current = passes[0]
-        index = current.next_index()
+        index, length = current.next_index(), current.next_length(self.fragment_bytes)
         current.position += 1
         ends = current.position == len(current.fragments)
         if ends:
@@ -276,11 +284,10 @@ class Sender:
             passes.rotate(-1)  # the peer's other passes take their turn
         if not passes:
             del self._passes[peer]
-        return self._emission(current.message, index, at, False, ends)
+        return self._emission(current.message, index, length, at, False, ends)
 
-    def _emission(self, message: Outgoing, index: int, at: float, first: bool, ends: bool) -> Emission:
+    def _emission(self, message: Outgoing, index: int, length: int, at: float, first: bool, ends: bool) -> Emission:
         offset = index * self.fragment_bytes
-        length = message.length(index, self.fragment_bytes)
         frame = wire.data_frame(self.me, self.job, message.key, offset, length, message.payload.size)
         header = bytearray(codec.encode_datagram_header(frame, 0, self.fragment_bytes, message.required))
         lower = first and message.marked is not None and bool(message.marked[index])
@@ -344,7 +351,7 @@ class Sender:
                 message.busy = True
                 message.backoff += 1
                 self.stats.probes += 1
-                self._queue(Pass(message, [message.fragments - 1]))
+                self._queue(Pass(message, [message.fragments - 1], probe=True))
         return failures
 
     def rto(self, message: Outgoing) -> float:

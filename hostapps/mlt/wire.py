@@ -49,6 +49,12 @@ def data_frame(me: Peer, job: int, key: MessageKey, offset: int, length: int, to
                        total)
 
 
+def is_probe(frame: codec.Frame) -> bool:
+    """A DATA frame of a message with bytes that carries none: the sender's probe, once its pass is over
+    and it heard nothing for its RTO (hostapps.mlt.sender)."""
+    return frame.kind == codec.KIND_DATA and frame.length == 0 and frame.total > 0
+
+
 def control(me: Peer, job: int, kind: int, step: int = 0, advised_kbps: int = 0) -> bytes:
     """A HELLO, BYE, ABORT or RATE datagram (step 1 answers a HELLO or a BYE)."""
     frame = codec.Frame(kind, me.role, me.rank, step, job, 0, 0, 0, 0, 0)
