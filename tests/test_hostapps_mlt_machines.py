@@ -156,33 +156,32 @@ def test_a_late_duplicate_is_acked_again_at_most_once_per_quiet_period():
     assert machine.stats.duplicates == 2
 
 
-def test_a_probe_ends_the_pass_so_the_quiet_rule_decides():
-    """A lost last fragment: the probe says the pass is over, and the quiet rule then NACKs what is missing
-    (or completes a message within its bound); a probe of a message none of which came is NACKed whole."""
+def test_a_probe_ends_the_pass_and_is_answered_at_once():
+    """A lost last fragment: the probe says the pass is over (the sender heard nothing for its RTO), so the
+    receiver NACKs what is missing, or completes a message within its bound, without waiting a quiet
+    period; a probe of a message none of which came is NACKed whole."""
     lost_last = receiver(loss_bound=0.0)
     for index in range(10):
         lost_last.on_data(SENDER, data(KEY, index, MESSAGE, required=1024), now=0.0)
     assert feedback_of(lost_last.tick(0.019)) == []  # however quiet: the sender may still be sending
-    assert lost_last.on_data(SENDER, probe(KEY, MESSAGE, required=1024), now=0.02) == ()
-    nack, = feedback_of(lost_last.tick(0.02))  # quiet since 0.0: its next tick decides
+    nack, = feedback_of(lost_last.on_data(SENDER, probe(KEY, MESSAGE, required=1024), now=0.02))
     assert nack.frame.kind == codec.KIND_NACK and list(wire.missing_fragments(nack.payload, 1024, FRAGMENT)) == [10]
-    assert lost_last.stats.duplicates == 0
+    assert feedback_of(lost_last.tick(0.021)) == []  # one NACK per quiet period
+    assert lost_last.stats.duplicates == 0 and lost_last.stats.nacks_sent == 1
 
     within = receiver(loss_bound=0.1)
     for index in range(10):  # the last fragment (24 bytes) is within the bound
         within.on_data(SENDER, data(KEY, index, MESSAGE, required=924), now=0.0)
-    within.on_data(SENDER, probe(KEY, MESSAGE, required=924), now=0.02)
-    actions = within.tick(0.02)
+    actions = within.on_data(SENDER, probe(KEY, MESSAGE, required=924), now=0.001)  # quiet or not
     assert [a.message.delivered for a in actions if isinstance(a, Delivery)] == [1000]
 
     unseen = receiver()
-    assert feedback_of(unseen.on_data(SENDER, probe(KEY, MESSAGE, required=1024), now=0.0)) == []
-    nack, = feedback_of(unseen.tick(0.005))
+    nack, = feedback_of(unseen.on_data(SENDER, probe(KEY, MESSAGE, required=1024), now=0.0))
     assert nack.delivered == 0 and list(wire.missing_fragments(nack.payload, 1024, FRAGMENT)) == list(range(11))
 
     mismatched = receiver()
     mismatched.on_data(SENDER, data(KEY, 0, MESSAGE), now=0.0)
-    mismatched.on_data(SENDER, probe(KEY, MESSAGE, fragment=200), now=0.01)
+    assert feedback_of(mismatched.on_data(SENDER, probe(KEY, MESSAGE, fragment=200), now=0.01)) == []
     assert mismatched.stats.mismatched == 1 and feedback_of(mismatched.tick(1.0)) == []  # not the pass's end
 
 

@@ -170,12 +170,15 @@ class Receiver:
             self._held_bytes[peer] += footprint
             if self._count_in_flight(peer, key, reassembly, +1):
                 advice = self._advice(now, changed_only=True)
-        if probe:  # the sender's pass is over: the quiet rule completes or NACKs the message (every byte, if none came)
+        if probe:
             if (frame.total, datagram.fragment_bytes) != (reassembly.total, reassembly.fragment_bytes):
                 self.stats.mismatched += 1
-            else:
-                reassembly.saw_last = True
-            return advice
+                return advice
+            # The sender's pass is over and it heard nothing for its RTO: complete or NACK the message now
+            # (every fragment, if none came), not a quiet period later.
+            reassembly.saw_last = True
+            verdict = "complete" if reassembly.within_bound(self.loss_bound) else "nack"
+            return [*advice, *self._decide(peer, key, reassembly, verdict, now)]
         placed = self._place(peer, key, reassembly, datagram, now)
         return [*advice, *placed] if advice else placed
 
@@ -200,15 +203,20 @@ class Receiver:
             if now - reassembly.last_arrival > self.timeout:  # a stray fragment of a long-forgotten message
                 actions += self._release(peer, key, now)
                 continue
-            verdict = reassembly.due(now, self.loss_bound, self.quiet_s)
-            if verdict == "complete":
-                actions += self._complete(peer, key, reassembly, now)
-            elif verdict == "nack":
-                reassembly.last_nack = now
-                self.stats.nacks_sent += 1
-                self.stats.nack_max_delivered = max(self.stats.nack_max_delivered, reassembly.delivered_fraction)
-                actions.append(self._feedback(peer, key, reassembly, codec.KIND_NACK, now))
+            actions += self._decide(peer, key, reassembly, reassembly.due(now, self.loss_bound, self.quiet_s), now)
         return actions
+
+    def _decide(self, peer: Peer, key: MessageKey, reassembly: Reassembly, verdict: str | None,
+                now: float) -> list[Action]:
+        """Do what Reassembly.due decided: deliver and ACK the message, NACK what it misses, or nothing."""
+        if verdict == "complete":
+            return self._complete(peer, key, reassembly, now)
+        if verdict == "nack":
+            reassembly.last_nack = now
+            self.stats.nacks_sent += 1
+            self.stats.nack_max_delivered = max(self.stats.nack_max_delivered, reassembly.delivered_fraction)
+            return [self._feedback(peer, key, reassembly, codec.KIND_NACK, now)]
+        return []
 
     def _count_in_flight(self, peer: Peer, key: MessageKey, reassembly: Reassembly, change: int) -> bool:
         """Count a message of `peer` in (+1) or out (-1) of flight; True if that changed the peer's share:
