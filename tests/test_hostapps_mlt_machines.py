@@ -11,7 +11,7 @@ from hostapps.mlt import MltOptions, MltStats, wire
 from hostapps.mlt.pacing import FLOOR_SHARE, LINK_SHARE, PACING_BURST_S, HostPacer
 from hostapps.mlt.peers import Peers
 from hostapps.mlt.receiver import Delivery, Receiver, Reply
-from hostapps.mlt.sender import LE_DSCP, MAX_RTO_S, MIN_RTO_S, RTO_S, Emission, Failure, Outgoing, Sender
+from hostapps.mlt.sender import LE_DSCP, LOSSY_PATH_S, MAX_RTO_S, MIN_RTO_S, RTO_S, Emission, Failure, Outgoing, Sender
 from hostapps.transport import MessageKey, Peer
 
 SENDER, RECEIVER, OTHER = Peer("worker", 0), Peer("server", 0), Peer("worker", 1)
@@ -439,6 +439,24 @@ def test_a_lost_last_fragment_is_probed_after_the_rto_which_doubles():
     machine.tick(3 * RTO_S)
     drain(machine, now=3 * RTO_S)
     assert message.probe_at == pytest.approx(3 * RTO_S + 4 * RTO_S) and machine.rto(message) <= MAX_RTO_S
+
+
+def test_a_probe_re_sends_the_last_fragment_only_to_a_peer_that_nacked_lately():
+    machine = sender()
+    lossy = submit(machine)
+    first_pass(machine, lossy, now=0.0)
+    machine.on_feedback(RECEIVER, nack(MESSAGE, [3]), now=0.01)  # the path lost a datagram
+    drain(machine, now=0.01)
+    machine.tick(0.01 + 2 * RTO_S)
+    probe, = drain(machine, now=0.01 + 2 * RTO_S)  # the fragment is likely lost: the probe repairs it
+    assert (probe.frame.offset, probe.frame.length) == (1000, 24) and machine.stats.probes == 1
+    machine.on_feedback(RECEIVER, datagram(wire.feedback(RECEIVER, JOB, KEY, codec.KIND_ACK, 1024, FRAGMENT, 1024)),
+                        now=0.3)
+    clean = submit(machine, key=KEY._replace(tensor=2))
+    first_pass(machine, clean, now=0.01 + LOSSY_PATH_S)
+    machine.tick(0.01 + LOSSY_PATH_S + MAX_RTO_S)
+    probe, = drain(machine, now=0.01 + LOSSY_PATH_S + MAX_RTO_S)  # no NACK for a while: its header
+    assert probe.message is clean and wire.is_probe(probe.frame) and machine.stats.probes == 2
 
 
 def test_the_rto_follows_the_peers_feedback_delay_within_its_bounds():

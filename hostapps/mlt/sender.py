@@ -19,10 +19,12 @@ A message is kept until its receiver ACKs it.  It either tolerates loss (a gradi
 be reduced) or is exact (what every replica must agree on: all-gathered sums, pulled parameters,
 agreements); its DATA datagrams tell the receiver how many of its bytes it must hold.  A NACK is
 answered with just enough of the fragments it names to bring the message within its bound, 0 for
-an exact one (unmarked ones first); a message that hears nothing for its RTO after a pass is probed:
-its last fragment's header goes alone (wire.is_probe), which tells the receiver the pass is over so
-that it ACKs or NACKs it; most probes find the message whole and its ACK on the way, and a
-header costs the receiver's link almost nothing where a re-sent fragment cost a jumbo frame.  The RTO
+an exact one (unmarked ones first); a message that hears nothing for its RTO after a pass is probed,
+which makes the receiver ACK or NACK it: its last fragment is re-sent where the peer NACKed a message in
+the last LOSSY_PATH_S (the fragment is likely lost, and the probe repairs it), else its header
+goes alone (wire.is_probe: the pass is over), since on a clean path most probes find the message whole
+and its ACK on the way, and a header costs the receiver's link almost nothing where a fragment costs a
+jumbo frame.  The RTO
 doubles up to MAX_RTO_S; one that hears nothing for the timeout fails its peer.  The RTO follows the peer's
 feedback delay (from the end of a pass to its ACK or NACK) as TCP's does its round trip (RFC 6298:
 smoothed delay + 4 x its variation), between MIN_RTO_S and RTO_S: a lost last fragment stalls its
@@ -43,6 +45,7 @@ from hostapps.mlt.options import MltOptions, MltStats
 from hostapps.mlt.pacing import LE_DSCP, HostPacer, service_rank
 from hostapps.transport import MessageKey, Peer, describe_key
 
+LOSSY_PATH_S = 0.5             # a peer that NACKed this recently: a probe re-sends the last fragment
 RTO_S = 0.1                    # silence after a send pass before the sender probes, at most
 MIN_RTO_S = 0.01               # ... and at least: the receiver's thread may sleep one 5 ms switch interval
 MAX_RTO_S = 1.0                # after probes doubled it
@@ -104,19 +107,19 @@ class Outgoing:
 
 @dataclass
 class Pass:
-    """Fragments of a message to send again, in order: a NACK's resends, or a probe (its last fragment's
-    header alone: wire.is_probe)."""
+    """Fragments of a message to send again, in order: a NACK's resends, or a probe (its last fragment, or
+    that fragment's header alone: wire.is_probe)."""
     message: Outgoing
     fragments: Sequence[int]
-    probe: bool = False
+    header_only: bool = False
     position: int = 0
 
     def next_index(self) -> int:
         return int(self.fragments[self.position])
 
     def next_length(self, fragment_bytes: int) -> int:
-        """Payload bytes of the next datagram: none for a probe."""
-        return 0 if self.probe else self.message.length(self.next_index(), fragment_bytes)
+        """Payload bytes of the next datagram: none for a header alone."""
+        return 0 if self.header_only else self.message.length(self.next_index(), fragment_bytes)
 
 
 class Emission(NamedTuple):
@@ -152,6 +155,7 @@ class Sender:
         self._passes: dict[Peer, deque[Pass]] = {}  # only peers with a pass waiting
         self._dscp: dict[Peer, int] = {}
         self._feedback_delay: dict[Peer, tuple[float, float]] = {}  # per peer: smoothed, variation
+        self._last_nack: dict[Peer, float] = {}  # per peer: when it last NACKed a message
         self._first_passes: list[Outgoing] = []  # messages whose first pass is not all handed out, oldest first
         self._served: dict[Peer, tuple[int, int]] = {}  # per peer: its latest iteration, first-pass bytes of it
         self._unspent: dict[tuple[Peer, int], tuple[int, int]] = {}  # (peer, tensor): iteration, bytes (allowance)
@@ -329,7 +333,9 @@ class Sender:
             self.pacer.rates[peer].on_feedback(1 - datagram.delivered / frame.total if frame.total else 0.0, now)
         if frame.kind == codec.KIND_ACK:
             self._release((peer, key))
-        elif not message.busy:  # a NACK; one already being served is not served twice
+            return
+        self._last_nack[peer] = now
+        if not message.busy:  # a NACK; one already being served is not served twice
             message.busy = True
             missing = wire.missing_fragments(datagram.payload, frame.total, self.fragment_bytes)
             resend = fragments_to_resend(missing, message.marked, frame.total, self.fragment_bytes,
@@ -351,7 +357,8 @@ class Sender:
                 message.busy = True
                 message.backoff += 1
                 self.stats.probes += 1
-                self._queue(Pass(message, [message.fragments - 1], probe=True))
+                lossy = now - self._last_nack.get(message.peer, -math.inf) < LOSSY_PATH_S
+                self._queue(Pass(message, [message.fragments - 1], header_only=not lossy))
         return failures
 
     def rto(self, message: Outgoing) -> float:
