@@ -21,14 +21,13 @@ agreements); its DATA datagrams tell the receiver how many of its bytes it must 
 answered with just enough of the fragments it names to bring the message within its bound, 0 for
 an exact one (unmarked ones first); a message that hears nothing for its RTO after a pass is probed,
 which makes the receiver ACK or NACK it: its last fragment is re-sent where the peer NACKed a message in
-the last LOSSY_PATH_S (the fragment is likely lost, and the probe repairs it), else its header
-goes alone (wire.is_probe: the pass is over), since on a clean path most probes find the message whole
-and its ACK on the way, and a header costs the receiver's link almost nothing where a fragment costs a
-jumbo frame.  The RTO
-doubles up to MAX_RTO_S; one that hears nothing for the timeout fails its peer.  The RTO follows the peer's
-feedback delay (from the end of a pass to its ACK or NACK) as TCP's does its round trip (RFC 6298:
-smoothed delay + 4 x its variation), between MIN_RTO_S and RTO_S: a lost last fragment stalls its
-message for a few round trips, not for a fixed 100 ms.
+the last LOSSY_PATH_S (the fragment is likely lost, and the probe repairs it), else its header goes
+alone (wire.is_probe: the pass is over), since on a clean path most probes find the message whole and
+its ACK on the way, and a header costs the receiver's link almost nothing where a fragment costs a
+jumbo frame.  The RTO doubles up to MAX_RTO_S; one that hears nothing for the timeout fails its peer.
+The RTO follows the peer's feedback delay (from the end of a pass to its ACK or NACK) as TCP's does
+its round trip (RFC 6298: smoothed delay + 4 x its variation), between MIN_RTO_S and RTO_S: a lost
+last fragment stalls its message for a few round trips, not for a fixed 100 ms.
 Drop marking sends the least important fragments of a worker's first pass of a message that
 tolerates loss as lower-effort (LE_DSCP).  docs/mlt.md has the protocol.
 """
