@@ -34,6 +34,7 @@ from topologies.machine import MachineError, prepare
 
 VENV_PYTHON = REPO / ".venv" / "bin" / "python"
 CONTROLLER_CHECK_TIMEOUT_S = 2.0
+CONTROLLER_EXIT_WAIT_S = 0.5  # after its REST failed: a killed controller is reaped within this
 _running: "Fabric | None" = None  # the fabric this process runs (the lock is per machine)
 
 
@@ -247,7 +248,10 @@ class Fabric:
         try:
             self.rest("/fabric", timeout=CONTROLLER_CHECK_TIMEOUT_S)
         except OSError as error:
-            return f"controller REST did not answer ({error})"
+            try:  # a reset or refused connection: the process may be dying, and its status says more
+                return f"controller exited with status {self.controller.wait(CONTROLLER_EXIT_WAIT_S)}"
+            except subprocess.TimeoutExpired:
+                return f"controller REST did not answer ({error})"
         return ""
 
     def restart_controller(self, jobs: list[dict], timeout: float = 30.0) -> None:
