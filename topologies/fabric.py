@@ -243,16 +243,17 @@ class Fabric:
         """Why our controller is not serving ('' while it is): it exited, or its REST is silent."""
         if self.controller is None:
             return ""
-        if (status := self.controller.poll()) is not None:
-            return f"controller exited with status {status}"
-        try:
-            self.rest("/fabric", timeout=CONTROLLER_CHECK_TIMEOUT_S)
-        except OSError as error:
-            try:  # a reset or refused connection: the process may be dying, and its status says more
-                return f"controller exited with status {self.controller.wait(CONTROLLER_EXIT_WAIT_S)}"
-            except subprocess.TimeoutExpired:
-                return f"controller REST did not answer ({error})"
-        return ""
+        status = self.controller.poll()
+        if status is None:
+            try:
+                self.rest("/fabric", timeout=CONTROLLER_CHECK_TIMEOUT_S)
+                return ""
+            except OSError as error:
+                try:  # a reset or refused connection: the process may be dying, and its status says more
+                    status = self.controller.wait(CONTROLLER_EXIT_WAIT_S)
+                except subprocess.TimeoutExpired:
+                    return f"controller REST did not answer ({error})"
+        return f"controller exited with status {status}"
 
     def restart_controller(self, jobs: list[dict], timeout: float = 30.0) -> None:
         """Replace a dead or silent controller on the running fabric: a new one with the same ports,
