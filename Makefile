@@ -8,7 +8,7 @@ SPEC ?= experiments/default.yaml
 OUT ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup deb venv ovs test unit experiment bench bench-fabric clean-net
+.PHONY: setup deb venv ovs test unit experiment bench bench-rest bench-fabric clean-net
 
 setup: deb venv ovs
 
@@ -55,6 +55,9 @@ experiment: setup
 
 bench: venv
 	$(PY) -m hostapps.bench
+
+bench-rest: venv
+	$(PY) -m controller.bench
 
 bench-fabric: setup
 	$(PY) -m topologies.bench

@@ -42,9 +42,14 @@ def shown(value: object) -> str:
     return _shown.repr(value)
 
 
-@functools.lru_cache(maxsize=4096)  # a job's flows name its hosts again and again
 def is_ipv4(text: str) -> bool:
-    """Whether the string is an IPv4 address in dotted form."""
+    """Whether the string is an IPv4 address in dotted form. What cannot be one (longer than
+    "255.255.255.255") is refused before the cache, which so holds at most 4096 short strings."""
+    return len(text) <= len("255.255.255.255") and _is_dotted_ipv4(text)
+
+
+@functools.lru_cache(maxsize=4096)  # a job's flows name its hosts again and again
+def _is_dotted_ipv4(text: str) -> bool:
     try:
         ipaddress.IPv4Address(text)
     except ValueError:

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import resource
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, TypeVar
 
 import eventlet.wsgi
+import numpy as np
 from ryu.app.wsgi import ControllerBase, Response, WSGIApplication, route
 from ryu.lib import hub
 
@@ -43,6 +43,12 @@ T = TypeVar("T")
 
 MAX_BODY_BYTES = 1 << 20  # a job with the most layers and flows allowed takes ~0.7 MiB
 MAX_JSON_DEPTH = 8        # the deepest valid document nests 4 levels (job, flows, a flow, layers)
+# The largest valid document (a job of 4096 layers and 4096 flows) opens ~16k arrays and objects
+# and holds ~50k keys and ~50k values. json.loads takes up to ~0.4 us a key (distinct keys are
+# made one by one) and ~0.25 us a number (1e308): with these limits any body parses in ~25 ms.
+MAX_JSON_CONTAINERS = 1 << 15
+MAX_JSON_MEMBERS = 1 << 16
+MAX_JSON_VALUES = 1 << 17
 # The HTTP server. Ryu starts eventlet's with no options: 1024 connections at once, none ever
 # timed out (1024 idle clients hang the API for good) and a 500's traceback sent to the client.
 CLIENT_TIMEOUT_S = 2.0    # to send a request or take an answer; an idle connection is closed
@@ -109,28 +115,48 @@ def check_origin(req) -> None:
                            f"{' or '.join(sorted(f'http://{h}' for h in hosts))})")
 
 
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
-_INNERMOST = re.compile(r"\[[^\[\]{}]*\]|\{[^\[\]{}]*\}")
+@dataclass(frozen=True)
+class Shape:
+    """What json_shape counts of a JSON text."""
+    depth: int       # how deep arrays and objects nest
+    containers: int  # arrays and objects
+    members: int     # an object's key-value pairs, over all objects
+    values: int      # values in arrays and objects, over all of them
 
 
-def nesting_exceeds(text: str, most: int) -> bool:
-    """True when the JSON text nests arrays and objects more than `most` deep. Strings removed,
-    each pass drops the innermost level everywhere; all in `re`, so a megabyte of `[[],[],...`
-    costs milliseconds where walking the parsed document would take a third of a second."""
-    text = _STRING.sub("", text)
-    for _ in range(most):
-        text, dropped = _INNERMOST.subn("", text)
-        if not dropped:  # all dropped, or unbalanced (not JSON: json.loads tells)
-            return False
-    return "[" in text or "{" in text
+def json_shape(body: bytes) -> Shape:
+    """What a JSON text holds, read outside its strings before it is parsed: two byte
+    replacements and a few vectorised passes, 5-15 ms for a megabyte of any content (regular
+    expressions are quadratic on some inputs; walking the parsed document takes a third of a
+    second). Exact for valid JSON, whose backslashes are all inside strings; a text that is not
+    JSON is refused by json.loads at its first error, before anything the count missed."""
+    # Escapes read left to right: a pair of backslashes is one escaped backslash, and what is
+    # left of a run escapes the next character, so escaped quotes are then the ones to drop.
+    body = body.replace(b"\\\\", b"").replace(b'\\"', b"")
+    chars = np.frombuffer(body, dtype=np.uint8)
+    if chars.size == 0:
+        return Shape(0, 0, 0, 0)
+    outside = (np.cumsum(chars == ord('"'), dtype=np.int32) & 1) == 0
+    folded = chars | 0x20  # [ and ] to { and }: nothing else becomes either
+    opens = (folded == ord("{")) & outside
+    closes = (folded == ord("}")) & outside
+    depth = np.cumsum(opens.view(np.int8) - closes.view(np.int8), dtype=np.int32)
+    containers = int(np.count_nonzero(opens))
+    blank = outside & ((chars == ord(" ")) | (chars == ord("\n")) | (chars == ord("\r"))
+                       | (chars == ord("\t")))
+    marks = (opens.view(np.int8) - closes.view(np.int8))[~blank]
+    empty = int(np.count_nonzero((marks[:-1] == 1) & (marks[1:] == -1)))  # [] and {}
+    commas = int(np.count_nonzero((chars == ord(",")) & outside))
+    return Shape(int(depth.max()), containers,
+                 int(np.count_nonzero((chars == ord(":")) & outside)), commas + containers - empty)
 
 
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
-    document = {}
-    for key, value in pairs:
-        if key in document:
-            raise ValueError(f"key {shown(key)} appears twice in an object")
-        document[key] = value
+    document = dict(pairs)  # in C: a Python loop over a megabyte of pairs took 45 ms
+    if len(document) < len(pairs):
+        seen = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise ValueError(f"key {shown(twice)} appears twice in an object")
     return document
 
 
@@ -157,8 +183,15 @@ def json_document(req, body: bytes) -> object:
                            "(application/json)")
     try:
         text = body.decode("utf-8")
-        if nesting_exceeds(text, MAX_JSON_DEPTH):
+        shape = json_shape(body)
+        if shape.depth > MAX_JSON_DEPTH:
             raise Refusal(400, f"body: nested deeper than {MAX_JSON_DEPTH} levels")
+        if shape.containers > MAX_JSON_CONTAINERS:
+            raise Refusal(400, f"body: more than {MAX_JSON_CONTAINERS} arrays and objects")
+        if shape.members > MAX_JSON_MEMBERS:
+            raise Refusal(400, f"body: more than {MAX_JSON_MEMBERS} keys in all")
+        if shape.values > MAX_JSON_VALUES:
+            raise Refusal(400, f"body: more than {MAX_JSON_VALUES} values in all")
         hub.sleep(0)  # the check, the parse, and what reads the document take ~10-40 ms each
         document = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
         hub.sleep(0)

@@ -3,8 +3,8 @@ a flow is marked, match keys."""
 import pytest
 from hypothesis import given, strategies as st
 
-from controller.priority import (MAX_FLOWS, ClassEntry, FlowClass, class_selector, flow_classes,
-                                 ingress_switch)
+from controller.priority import (MAX_FLOWS, ClassEntry, FlowClass, _is_dotted_ipv4, class_selector,
+                                 flow_classes, ingress_switch, is_ipv4)
 from helpers.fabric_views import LEAF, ip, leaf_spine
 from hostapps import schema
 
@@ -148,3 +148,13 @@ def test_match_key_ignores_dscp_only():
     # A later class for one key replaces the earlier one (how the app merges classes).
     merged = {f.match_key(): f for f in [a, FlowClass("10.0.0.1", "10.0.0.2", 8, "udp", 1000, 2000)]}
     assert list(merged.values()) == [FlowClass("10.0.0.1", "10.0.0.2", 8, "udp", 1000, 2000)]
+
+
+def test_refused_addresses_are_not_kept():
+    """A string too long to be an address is refused before the cache: ten 1 MB strings would
+    otherwise stay held (4096 of them, 4 GiB)."""
+    before = _is_dotted_ipv4.cache_info().currsize
+    for i in range(10):
+        assert not is_ipv4(str(i) * (1 << 20))
+    assert _is_dotted_ipv4.cache_info().currsize == before
+    assert is_ipv4("255.255.255.255") and not is_ipv4("255.255.255.256")

@@ -20,9 +20,10 @@ from ryu.lib import hub
 from ryu.ofproto import ofproto_v1_5, ofproto_v1_5_parser
 
 from controller.app import FabricController
+from controller.bench import longest_hold, worst_bodies
 from controller.pipeline import MAX_JOBS
 from controller.priority import MAX_FLOWS, MAX_MARKS, FlowClass
-from controller.rest import (MAX_BODY_BYTES, MAX_CONNECTIONS, MAX_JSON_DEPTH, nesting_exceeds,
+from controller.rest import (MAX_BODY_BYTES, MAX_CONNECTIONS, MAX_JSON_DEPTH, json_shape,
                              parse_marking, parse_unmarking, serve)
 from controller.scheduling import MAX_HOSTS, MAX_LAYERS, FlowEntry, JobDocument, Layer, parse_job
 from helpers.loopback import free_port
@@ -458,32 +459,45 @@ def depth(document) -> int:
     return 0
 
 
-@given(VALUES, st.integers(0, 6))
-def test_nesting_exceeds_is_the_depth_of_the_document(document, most):
-    text = json.dumps(document)
-    assert nesting_exceeds(text, most) == (depth(document) > most), text
+def containers(document) -> int:
+    if isinstance(document, dict):
+        document = list(document.values())
+    if isinstance(document, list):
+        return 1 + sum(map(containers, document))
+    return 0
+
+
+def values(document) -> int:
+    if isinstance(document, dict):
+        document = list(document.values())
+    if isinstance(document, list):
+        return len(document) + sum(map(values, document))
+    return 0
+
+
+def members(document) -> int:
+    if isinstance(document, dict):
+        return len(document) + sum(map(members, document.values()))
+    if isinstance(document, list):
+        return sum(map(members, document))
+    return 0
+
+
+TRICKY = st.recursive(st.text(alphabet='"\\[]{}u0é', max_size=12) | SCALARS,
+                      lambda inner: st.lists(inner, max_size=4)
+                      | st.dictionaries(st.text(alphabet='"\\[]{}a', max_size=6), inner,
+                                        max_size=3), max_leaves=12)
+
+
+@given(TRICKY, st.booleans())
+def test_json_shape_is_the_depth_and_containers_of_the_document(document, ascii_only):
+    body = json.dumps(document, ensure_ascii=ascii_only).encode()
+    shape = json_shape(body)
+    assert (shape.depth, shape.containers, shape.members, shape.values) == \
+        (depth(document), containers(document), members(document), values(document)), body
 
 
 # -- how long a request holds the OpenFlow side ---------------------------------------------------
-def longest_hold(action) -> float:
-    """Seconds the longest stretch `action` ran without letting another green thread (here a
-    ticker, in the controller the OpenFlow side) run."""
-    gaps, done = [], []
-
-    def tick():
-        while not done:
-            start = time.perf_counter()
-            hub.sleep(0)
-            gaps.append(time.perf_counter() - start)
-
-    ticker = hub.spawn(tick)
-    hub.sleep(0)  # the ticker is waiting before the action starts
-    action()
-    done.append(True)
-    ticker.wait()
-    return max(gaps)
-
-
 @pytest.fixture
 def frozen_imports():
     """The objects alive now kept out of garbage collections, as FabricController.start does."""
@@ -560,3 +574,14 @@ def test_idle_connections_time_out_and_the_api_still_answers(fabric):
             sock.close()
     finally:
         hub.kill(server)
+
+
+def test_the_benchmark_sends_the_largest_bodies_allowed(fabric):
+    """`make bench-rest` times these: each is at most the size allowed, and each is answered
+    (the valid job registered) rather than failing inside the app."""
+    bodies = worst_bodies()
+    assert all(len(body) <= MAX_BODY_BYTES for body in bodies.values())
+    assert min(map(len, bodies.values())) > MAX_BODY_BYTES // 2
+    for name, body in bodies.items():
+        answer = request(fabric, "POST", "/jobs", body)
+        assert answer.status_int == (200 if name == "largest valid job" else 400), name
