@@ -32,23 +32,23 @@ $(VENV)/.installed: requirements.txt
 	@touch $@
 
 # Raise the socket buffers the switches need (never lower them), then start Open vSwitch, or
-# restart it once if it runs with a smaller transmit buffer (topologies/machine.py says why).
+# restart it once if it runs with a smaller transmit buffer (emulation/machine.py says why).
 ovs: venv
 	@if [ "$$(id -u)" != 0 ]; then \
 	  if ovs-vsctl --timeout=3 show >/dev/null 2>&1; then exit 0; fi; \
 	  echo "setup: Open vSwitch is not running; start it as root (sudo make setup)" >&2; exit 1; \
 	fi; \
-	$(PY) -m topologies.machine
+	$(PY) -m emulation.machine
 
 # The lint step first (pyproject.toml: ruff), then every test.
 test: setup
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q tests $(PYTEST_ARGS)
 
-# Unit tests only: no root, no network.
+# Unit tests only (tests/unit): no root, no network. Integration tests (tests/integration) build fabrics.
 unit: venv
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -m "not integration" tests $(PYTEST_ARGS)
+	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
 
 experiment: setup
 	$(PY) -m experiments run $(SPEC) $(if $(OUT),--out $(OUT))
@@ -60,7 +60,7 @@ bench-rest: venv
 	$(PY) -m controller.bench
 
 bench-fabric: setup
-	$(PY) -m topologies.bench
+	$(PY) -m emulation.bench
 
 clean-net:
-	$(PY) -m topologies.cleanup
+	$(PY) -m emulation.cleanup

@@ -12,8 +12,9 @@ import ipaddress
 import reprlib
 from dataclasses import dataclass
 
+from common.classes import MAX_DSCP
+from common.schema import SchemaError, dotted, knob
 from controller.topology import FabricView
-from hostapps.schema import SchemaError, dotted, knob
 
 PROTOCOLS = {"tcp": 6, "udp": 17}
 PORT_BITS = 16
@@ -26,7 +27,6 @@ MAX_FLOWS = 4096
 # Marks the controller keeps in all (REST marks plus every job's rewrites, a port range counting
 # one per aligned block): each is a flow entry on a switch, re-planned on every fabric change.
 MAX_MARKS = 16384
-MAX_DSCP = 63
 
 _shown = reprlib.Repr()  # input quoted in an error stays one short line, however big or deep
 _shown.maxstring = _shown.maxother = _shown.maxlong = 40
@@ -122,7 +122,7 @@ class FlowClass:
 
 @dataclass(frozen=True, kw_only=True)
 class ClassEntry:
-    """A flow of a /fabric/classes request, declared on the schema engine (hostapps/schema.py):
+    """A flow of a /fabric/classes request, declared on the schema engine (common/schema.py):
     mark packets from src to dst with dscp; optionally one protocol and, with it, L4 ports."""
     src: str = knob(allowed=IPV4, check=is_ipv4)
     dst: str = knob(allowed=IPV4, check=is_ipv4)
@@ -143,11 +143,6 @@ def flow_classes(entries: list[ClassEntry], at: str = "flows") -> list[FlowClass
     """The FlowClasses of a request's flows (at path `at`), at most MAX_FLOWS."""
     too_many(at, entries, MAX_FLOWS)
     return [entry.flow_class(dotted(at, str(index))) for index, entry in enumerate(entries)]
-
-
-def class_selector(dscp: int) -> int:
-    """The egress class (0..7) a DSCP value lands in."""
-    return dscp >> 3
 
 
 def ingress_switch(view: FabricView, flow: FlowClass) -> int | None:

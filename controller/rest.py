@@ -35,8 +35,8 @@ from ryu.lib import hub
 
 from controller.priority import CapacityError, ClassEntry, FlowClass, flow_classes, shown
 from controller.scheduling import describe_job, parse_job
-from hostapps import schema
-from hostapps.schema import SchemaError, knob
+from common import schema
+from common.schema import SchemaError, knob
 
 LOG = logging.getLogger("fabric.rest")
 T = TypeVar("T")
@@ -217,7 +217,7 @@ def parsed(parse: Callable[..., T], *args: object) -> T:
 # -- the documents of /fabric/classes ------------------------------------------------------------
 @dataclass(frozen=True)
 class Marking:
-    """The body of `POST /fabric/classes`, declared on the schema engine (hostapps/schema.py)."""
+    """The body of `POST /fabric/classes`, declared on the schema engine (common/schema.py)."""
     flows: list[ClassEntry] = knob([], "a list of flows")
     replace: bool = knob(False, "true or false")
 

@@ -3,13 +3,9 @@ carries, decided from the job's layer table by a named policy.
 
 Plain data in (a `RegisteredJob`: its hosts, layer table and the L4 flows each layer uses), plain data out
 (a DSCP per layer, and the `FlowClass` rewrites the controller installs at the ingress switches).
-The fabric serves the DSCP class selectors by strict priority (topologies/shaping.py):
-
-    CS7 (56)         network control (non-IP frames land here too); never used for gradients
-    CS6..CS2 (48..16) gradients, most urgent first: the five classes a policy fills
-    CS0 (0)          unmarked background (and every layer under `fifo`)
-    CS1 (8)          droppable: datagrams a sender marked LE (DSCP 1) are moved here; the class
-                     is served last and has a short queue, so under congestion they drop first
+The fabric serves the DSCP classes by strict priority (the class plan: common/classes.py): a
+policy fills the five gradient classes CS6..CS2; datagrams a sender marked lower-effort are moved
+to the droppable class CS1.
 
 A policy orders the layers by urgency (`ClassPolicy.ranks`); `layer_dscps` groups that order into
 the five gradient classes. Adding a policy: subclass `ClassPolicy`, set `name`, write `ranks`,
@@ -21,15 +17,11 @@ import itertools
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Iterable, Sequence
 
-from controller.priority import (IPV4, MAX_FLOWS, MAX_MARKS, MAX_PORT, PORT, PROTOCOLS, FlowClass, is_ipv4,
-                                 is_port, port_range_blocks, too_many)
-from hostapps import schema
-from hostapps.schema import SchemaError, knob
-
-GRADIENT_DSCPS = (48, 40, 32, 24, 16)  # CS6..CS2, most urgent first
-DEFAULT_DSCP = 0                       # CS0
-LOWER_EFFORT_DSCP = 1                  # LE (RFC 8622): what senders mark droppable datagrams with
-DROPPABLE_DSCP = 8                     # CS1: the short-queued class the controller moves LE to
+from controller.priority import (IPV4, MAX_FLOWS, MAX_MARKS, MAX_PORT, PORT, PROTOCOLS, FlowClass, is_ipv4, is_port,
+                                 port_range_blocks, too_many)
+from common import schema
+from common.classes import DROPPABLE_DSCP, GRADIENT_DSCPS, LOWER_EFFORT_DSCP, UNMARKED_DSCP
+from common.schema import SchemaError, knob
 
 # Layers in one job: real models have hundreds of parameter tensors; ranking the most allowed
 # takes a few milliseconds.
@@ -81,7 +73,7 @@ class FlowEntry:
 
 @dataclass(frozen=True)
 class JobDocument:
-    """The job document of `POST /jobs`, declared on the schema engine (hostapps/schema.py);
+    """The job document of `POST /jobs`, declared on the schema engine (common/schema.py);
     `parse_job` builds it and makes a RegisteredJob of it. The policy is one of the registry's."""
     job: str = knob(allowed="a non-empty name without '/'", check=lambda name: name != "" and "/" not in name)
     policy: str = knob(choices=lambda: list(CLASS_POLICIES))
@@ -205,7 +197,7 @@ def layer_dscps(policy: str, layers: Sequence[Layer]) -> dict[int, int]:
     """Layer index -> DSCP under `policy`."""
     ranks = CLASS_POLICIES[policy]().ranks(layers)
     if ranks is None:
-        return {layer.index: DEFAULT_DSCP for layer in layers}
+        return {layer.index: UNMARKED_DSCP for layer in layers}
     count = max(ranks.values()) + 1
     return {index: GRADIENT_DSCPS[rank_to_class(rank, count)] for index, rank in ranks.items()}
 

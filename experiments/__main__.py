@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from experiments.spec import Spec, SpecError, load_spec
-from topologies.cleanup import signals_deferred
+from common.signals import signals_deferred
 
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
 LIVE_PORT = 8765

@@ -17,8 +17,8 @@ from typing import Callable
 
 from experiments.source_ports import run_source_ports
 from experiments.spec import FLOW_PORTS, Fault, Flow, RunConfig
-from topologies.cleanup import OWNER_KEY
-from topologies.fabric import Fabric, kill_group
+from common.owner import OWNER_KEY
+from emulation.fabric import Fabric, kill_group
 from topologies.shaping import htb_classes
 
 IPERF_PORT = 5201  # flow i's iperf3 servers listen on IPERF_PORT + FLOW_PORTS*i + source index

@@ -29,7 +29,7 @@ from experiments.fidelity import FIDELITY_COLUMNS
 from hostapps.codec import DATAGRAM_HEADER_BYTES
 from hostapps.collectives import PHASES
 from hostapps.mlt import IP_UDP_HEADER_BYTES, payload_for_mtu
-from topologies.shaping import ETHERNET_HEADER_BYTES
+from common.frames import ETHERNET_HEADER_BYTES
 
 # iterations.csv's (and runs.csv's) delivered fraction of each collective phase (hostapps.records).
 PHASE_DELIVERED_COLUMNS = [f"delivered_fraction_{phase}" for phase in PHASES]

@@ -14,7 +14,7 @@ import pandas as pd  # noqa: E402
 
 from experiments.metrics import fabric_link_utilization, link_imbalance, per_run  # noqa: E402
 from experiments.results import read_tables  # noqa: E402
-from hostapps.files import atomic_open  # noqa: E402
+from common.files import atomic_open  # noqa: E402
 
 
 def _panels(rows: pd.DataFrame) -> tuple[plt.Figure, list[tuple[plt.Axes, pd.DataFrame]]]:

@@ -39,9 +39,9 @@ from experiments import fidelity, metrics
 from experiments.sampler import CPU_COLUMNS, DRAIN_COLUMNS, QUEUE_COLUMNS, SOCKET_COLUMNS
 from experiments.spec import CONFIG_COLUMNS, Run, Spec, get_field, parse_spec, scheme_of
 from hostapps import records
-from hostapps.files import atomic_open, write_text
-from topologies.machine import (ALLOWED_TCP_CC, SOCKET_BUFFERS, read_sysctl,
-                                transmit_buffer_bytes)
+from common.files import atomic_open, write_text
+from common.sysctl import read_sysctl
+from emulation.machine import ALLOWED_TCP_CC, SOCKET_BUFFERS, transmit_buffer_bytes
 
 MACHINE_SYSCTLS = [*SOCKET_BUFFERS, ALLOWED_TCP_CC, "net/ipv4/tcp_congestion_control"]
 
@@ -143,7 +143,7 @@ def environment(spec: Spec) -> dict[str, Any]:
         "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "seed": spec.base.job.seed,
-        # The machine-wide settings the emulation depends on (topologies/machine.py raises them
+        # The machine-wide settings the emulation depends on (emulation/machine.py raises them
         # before the first fabric) and the buffer OVS transmits with; each host's TCP congestion
         # control is its run's topology.tcp_cc.
         "sysctls": {name.replace("/", "."): _sysctl(name) for name in MACHINE_SYSCTLS},

@@ -45,17 +45,17 @@ from experiments.progress import Progress
 from experiments.results import (PORT_COLUMNS, PORT_RATE_COLUMNS, aggregate, completed_run_ids,
                                  process_dir, read_run_record, run_dir, start_output, write_csv,
                                  write_run_record)
-from hostapps.files import write_text
+from common.files import write_text
 from experiments.sampler import FabricSampler
 from experiments.source_ports import run_source_ports
 from experiments.spec import Run, Spec, Topology
 from hostapps.config import ProcessConfig, Training, build_model, layer_times_s, process_arguments
 from hostapps.mlt import payload_for_mtu
-from topologies import cluster
-from topologies.cleanup import REPO
-from topologies.fabric import Fabric, FabricError, kill_group
-from topologies.machine import (MachineError, machine_used_mb, prepare, process_rss_mb,
-                                vswitchd_pid)
+from emulation import cluster
+from topologies.cluster import ClusterError, crossing_links
+from common.paths import REPO
+from emulation.fabric import Fabric, FabricError, kill_group
+from emulation.machine import MachineError, machine_used_mb, prepare, process_rss_mb, vswitchd_pid
 
 WORKER_PORT = 7000
 SERVER_PORT = 7100
@@ -96,7 +96,7 @@ def _run_experiment(spec: Spec, out_dir: Path, resume: bool, live: LiveView | No
             cluster.check_servers(list(servers))  # before this machine is touched
         for tcp_cc in sorted({run.topology.tcp_cc for run in spec.runs}):
             prepare(tcp_cc)  # before meta.json records the machine's settings
-    except (MachineError, cluster.ClusterError) as error:
+    except (MachineError, ClusterError) as error:
         sys.exit(f"run: {error}")
     try:
         out = start_output(out_dir, spec, resume)
@@ -195,7 +195,7 @@ def fabric_placement(fab: Fabric) -> dict:
     return {"hosts": len(layout.hosts), "switches": len(layout.switches), "links": len(layout.links),
             "servers": {server: sorted(name for name in where if where[name] == server)
                         for server in dict.fromkeys(where.values())},
-            "crossing_links": len(cluster.crossing_links(layout, where)),
+            "crossing_links": len(crossing_links(layout, where)),
             "placement": fab.placement if fab.servers else None}  # None: Mininet's own classes, no cluster
 
 

@@ -23,10 +23,10 @@ import threading
 import time
 from pathlib import Path
 
-from hostapps.files import atomic_open, write_text
-from topologies.machine import (busiest_thread_share, machine_jiffies, machine_used_mb, port_socket_drops,
-                                thread_jiffies, vswitchd_pid)
-from topologies.ovslog import OvsLog
+from common.files import atomic_open, write_text
+from emulation.machine import (busiest_thread_share, machine_jiffies, machine_used_mb, port_socket_drops,
+                               thread_jiffies, vswitchd_pid)
+from emulation.ovslog import OvsLog
 
 SAMPLE_S = 0.5
 # A port that holds B bytes must send min(B, rate x t) in the next t seconds: probing right after a

@@ -1,7 +1,7 @@
 """Experiment specs: the declared schema, validation, `--set` overrides and matrix expansion.
 
 A spec is YAML. Its schema is the dataclasses below, on the schema engine the whole testbed shares
-(hostapps/schema.py): each field's type annotation says what YAML value it takes and `knob` adds the
+(common/schema.py): each field's type annotation says what YAML value it takes and `knob` adds the
 default and what is allowed. The job's knobs are the host apps' own (`Training`,
 hostapps/config.py), and choices are read from the registries that define them (load balancing
 modes, the controller's class policies, send orders, model profiles). `load_spec`
@@ -38,13 +38,13 @@ import yaml
 from controller.routing import LB_MODES
 from controller.scheduling import CLASS_POLICIES
 from experiments.metrics import METRIC_COLUMNS
-from hostapps import schema
+from common import schema
 from hostapps.config import U32, Training, check_training
-from hostapps.schema import SchemaError, knob, one_line, section, show
+from common.schema import SchemaError, knob, one_line, section, show
 from topologies.cluster import LOCAL, PLACERS, ClusterError, placement
 from topologies.layout import MAX_PER_TIER, Layout, fat_tree, leaf_spine
-from topologies.machine import DEFAULT_TCP_CC, available_tcp_cc
-from topologies.shaping import DEFAULT_MTU, MAX_MTU, MIN_MTU
+from topologies.tcp import DEFAULT_TCP_CC, available_tcp_cc
+from common.frames import DEFAULT_MTU, MAX_MTU, MIN_MTU
 
 # runs.csv columns that echo a config field. An axis may share one of these names only when
 # it is the scalar axis over that very field (the column then shows the axis value).

@@ -15,7 +15,7 @@ from experiments.fidelity import (APP_LAG_P99_MS_LIMIT, CPU_LIMIT, LINK_RATE_MIN
 from experiments.metrics import per_run
 from experiments.results import read_run_record, read_tables
 from experiments.spec import Spec, load_spec
-from hostapps.files import write_text
+from common.files import write_text
 
 COLUMNS = ["scheme", "iter time (s)", "speedup", "samples/s", "final acc", "acc delta", "time-to-acc (s)",
            "p99 tensor (ms)", "delivered fraction", "uplink imbalance", "lower bound (s)", "tight bound (s)",

@@ -1,6 +1,6 @@
 """What a training job is (`Training`, the knobs an experiment spec's `job` and the host apps' command
 line share) and what one process of it is (`ProcessConfig`: its role, rank, peers, transport
-details). Each knob is declared once here, on the schema engine (hostapps/schema.py): the host apps'
+details). Each knob is declared once here, on the schema engine (common/schema.py): the host apps'
 argparse is generated from it, the runner writes a command line with `to_arguments`, and the spec's
 `job` section extends `Training`; defaults are the same everywhere.
 """
@@ -13,7 +13,7 @@ from typing import Any, Callable
 from hostapps.collectives import FUSION_PRESETS, MAX_PS_SLICES, split_bytes
 from hostapps.model import FlatModel, Network
 from hostapps.profiles import PROFILES, ProfileModel
-from hostapps.schema import SchemaError, add_arguments, from_arguments, knob, section, to_arguments
+from common.schema import SchemaError, add_arguments, from_arguments, knob, section, to_arguments
 from hostapps.send_orders import SEND_ORDERS, resolve, send_order_names
 from hostapps.transport import Address
 

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterator, NamedTuple
 
 from hostapps.collectives import PHASES
-from hostapps.files import atomic_open
+from common.files import atomic_open
 from hostapps.transport import Peer
 
 ITERATION_COLUMNS = ("job", "role", "rank", "iteration", "start_s", "end_s", "compute_s", "wait_s",

@@ -263,7 +263,7 @@ class TcpTransport(Transport):
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             # The previous run's connection from this port may linger in TIME_WAIT (the fabric's hosts let
-            # a connect reuse it: topologies.fabric); SO_REUSEADDR lets the bind through meanwhile.
+            # a connect reuse it: emulation.fabric); SO_REUSEADDR lets the bind through meanwhile.
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.settimeout(max(0.1, deadline - time.monotonic()))
             try:

@@ -20,7 +20,7 @@ from hostapps.collectives import (GATHER, PS_PULL, PS_PUSH, Segment, assign_shar
 from hostapps.assembly import connect_transport, largest_message_bytes, plan_pieces
 from hostapps.config import ProcessConfig, build_model
 from hostapps.data import ShardedBatches, load_split
-from hostapps.files import atomic_open
+from common.files import atomic_open
 from hostapps.model import FlatModel, Network, Sgd, blas_threads
 from hostapps.send_orders import Unit, make_send_order, time_oracle
 from hostapps.sendloop import Agree, SendLoop

@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 import pytest
 
@@ -16,14 +17,18 @@ def loopback_addresses():
     return free_loopback_addresses
 
 
+INTEGRATION = Path(__file__).resolve().parent / "integration"
+
+
 def pytest_collection_modifyitems(config, items):
-    """Integration tests build real networks: they need root (CI runs as root)."""
-    if os.geteuid() == 0:
-        return
+    """Every test under tests/integration builds real networks: it is marked so, and needs root
+    (CI runs as root); tests/unit needs neither."""
     skip = pytest.mark.skip(reason="integration test: needs root (Mininet, Open vSwitch)")
     for item in items:
-        if "integration" in item.keywords:
-            item.add_marker(skip)
+        if INTEGRATION in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.integration)
+            if os.geteuid() != 0:
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope="session", autouse=True)

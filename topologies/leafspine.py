@@ -19,9 +19,9 @@ if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
 from topologies.layout import MAX_HOSTS, MAX_PER_TIER, Layout, fat_tree, leaf_spine  # noqa: E402
-from topologies.machine import DEFAULT_TCP_CC, check_tcp_cc  # noqa: E402
+from topologies.tcp import DEFAULT_TCP_CC, check_tcp_cc  # noqa: E402
 from topologies.nodes import DEFAULT_QUEUE_BYTES, FabricHost, FabricLink, OVSUserSwitch  # noqa: E402
-from topologies.shaping import DEFAULT_MTU, check_mtu, frame_bytes  # noqa: E402
+from common.frames import DEFAULT_MTU, check_mtu, frame_bytes  # noqa: E402
 
 
 class TopologyError(ValueError):

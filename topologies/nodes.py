@@ -10,9 +10,10 @@ from mininet.link import Intf, Link
 from mininet.node import Host, OVSSwitch
 from mininet.util import errRun
 
-from topologies.cleanup import OWNER_KEY
-from topologies.machine import DEFAULT_TCP_CC, check_tcp_cc
-from topologies.shaping import DEFAULT_MTU, check_mtu, htb_priority_tree, offloads_off
+from common.owner import OWNER_KEY
+from topologies.tcp import DEFAULT_TCP_CC, check_tcp_cc
+from common.frames import DEFAULT_MTU, check_mtu
+from topologies.shaping import htb_priority_tree, offloads_off
 
 DEFAULT_QUEUE_BYTES = 256 * 1024
 

@@ -1,7 +1,7 @@
 """Egress shaping of one port: an HTB tree with 8 strict-priority classes keyed on the DSCP
-class selector (the top 3 bits of the TOS byte), served CS7, CS6, ..., CS2, CS0 (unmarked), and
-CS1 last: CS1 is the droppable (scavenger, RFC 3662/8622 lower-effort) class, with a short queue,
-so under congestion its datagrams wait behind everything and are the first dropped.
+class selector (the top 3 bits of the TOS byte), served in the order of the class plan
+(common/classes.py): CS7, CS6, ..., CS2, CS0 (unmarked), and CS1 last, the droppable class, with
+a short queue, so under congestion its datagrams wait behind everything and are dropped first.
 
 Why these choices (measured on a 2-core VM; docs/platform.md "Queues and rates"):
 - Bursts: with tc's default bursts (cburst ~ one MTU) a class at its ceiling sends about one packet
@@ -16,20 +16,14 @@ Why these choices (measured on a 2-core VM; docs/platform.md "Queues and rates")
 """
 from __future__ import annotations
 
-NUM_CLASSES = 8
+from common.classes import DROPPABLE_CLASS, NETWORK_CONTROL_CLASS, NUM_CLASSES, SERVICE_ORDER
+from common.frames import check_mtu, frame_bytes
+
 BURST = "64k"
-DROPPABLE_CLASS = 1
 DROPPABLE_QUEUE_PACKETS = 10  # about 16 KB at MTU 1500: under congestion it is soon full
 MIN_QUEUE_PACKETS = 4
-ETHERNET_HEADER_BYTES = 14  # what HTB counts besides the IP packet (no FCS, no preamble)
-MIN_MTU, MAX_MTU = 1280, 9000  # IPv6's minimum link MTU; the jumbo frames of datacenter fabrics
-# Jumbo frames: a sixth of the packets per byte, so the one forwarding thread of OVS keeps up with
-# the links (2x2x4 at 100 Mbit/s, 8 TCP flows both ways: 98% of line rate, 55% at MTU 1500).
-DEFAULT_MTU = 9000
-# Class selectors in the order they are served (HTB prio 0 first).
-SERVICE_ORDER = (7, 6, 5, 4, 3, 2, 0, DROPPABLE_CLASS)
 # Non-IP frames (ARP, LLDP probes) are network control: the top class, so load never starves them.
-DEFAULT_CLASS = NUM_CLASSES - 1
+DEFAULT_CLASS = NETWORK_CONTROL_CLASS
 
 
 def class_id(cs: int) -> str:
@@ -40,17 +34,6 @@ def class_id(cs: int) -> str:
 def leaf_handle(cs: int) -> str:
     """Handle of the queue (leaf qdisc) of class selector `cs`, e.g. '15:' for CS5."""
     return f"{0x10 + cs:x}:"
-
-
-def frame_bytes(mtu: int) -> int:
-    """The largest frame a link of this MTU carries, as HTB counts it."""
-    return mtu + ETHERNET_HEADER_BYTES
-
-
-def check_mtu(mtu: object) -> int:
-    if isinstance(mtu, bool) or not isinstance(mtu, int) or not MIN_MTU <= mtu <= MAX_MTU:
-        raise ValueError(f"mtu: {mtu!r} is not allowed (an integer {MIN_MTU}..{MAX_MTU} bytes)")
-    return mtu
 
 
 def class_queue_packets(queue_bytes: int, mtu: int) -> list[int]:

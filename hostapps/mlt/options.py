@@ -31,7 +31,7 @@ class MltStats:
     datagrams_sent: int = 0
     datagrams_dropped: int = 0       # by the drop hook
     datagrams_refused: int = 0       # by the local stack (a firewall drop, a full queue)
-    datagrams_marked: int = 0        # sent with LE_DSCP
+    datagrams_marked: int = 0        # sent with LOWER_EFFORT_DSCP
     fragments_retransmitted: int = 0
     probes: int = 0
     nacks_sent: int = 0

@@ -9,19 +9,12 @@ import math
 from typing import Sequence
 
 from hostapps.transport import Peer
-from topologies.shaping import DROPPABLE_CLASS, SERVICE_ORDER
 
 PACING_BURST_S = 0.002         # a sender may run this far ahead of its rate after idling
 PACING_MIN_SLEEP_S = 0.001     # shorter delays are accumulated: sleep() is coarse
 DECREASE_INTERVAL_S = 0.05     # about an RTT under load: one back-off per congestion episode
 LINK_SHARE = 0.97              # of a link, what pacing and advice use: leave room for control and ARP
 FLOOR_SHARE = 1 / 20           # of a link, the least a sender is advised or backs off to
-LE_DSCP = 1                    # RFC 8622 lower-effort: the fabric queues it in its droppable class
-
-
-def service_rank(dscp: int) -> int:
-    """Where the fabric's strict-priority queues serve a DSCP (lower first; topologies/shaping.py)."""
-    return SERVICE_ORDER.index(DROPPABLE_CLASS if dscp == LE_DSCP else dscp >> 3)
 
 
 class Pacer:

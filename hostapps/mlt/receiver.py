@@ -22,7 +22,8 @@ import numpy as np
 from hostapps import codec
 from hostapps.mlt import wire
 from hostapps.mlt.options import MltOptions, MltStats
-from hostapps.mlt.pacing import FLOOR_SHARE, LINK_SHARE, service_rank
+from common.classes import service_rank
+from hostapps.mlt.pacing import FLOOR_SHARE, LINK_SHARE
 from hostapps.transport import MessageKey, Peer
 
 ADVICE_INTERVAL_S = 0.01       # how often a receiver re-advises the senders of messages in flight

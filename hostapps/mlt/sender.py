@@ -29,7 +29,7 @@ The RTO follows the peer's feedback delay (from the end of a pass to its ACK or 
 its round trip (RFC 6298: smoothed delay + 4 x its variation), between MIN_RTO_S and RTO_S: a lost
 last fragment stalls its message for a few round trips, not for a fixed 100 ms.
 Drop marking sends the least important fragments of a worker's first pass of a message that
-tolerates loss as lower-effort (LE_DSCP).  docs/mlt.md has the protocol.
+tolerates loss as lower-effort (LOWER_EFFORT_DSCP).  docs/mlt.md has the protocol.
 """
 import math
 from collections import deque
@@ -41,7 +41,8 @@ import numpy as np
 from hostapps import codec
 from hostapps.mlt import wire
 from hostapps.mlt.options import MltOptions, MltStats
-from hostapps.mlt.pacing import LE_DSCP, HostPacer, service_rank
+from common.classes import LOWER_EFFORT_DSCP, service_rank
+from hostapps.mlt.pacing import HostPacer
 from hostapps.transport import MessageKey, Peer, describe_key
 
 LOSSY_PATH_S = 0.5             # a peer that NACKed this recently: a probe re-sends the last fragment
@@ -83,7 +84,7 @@ class Outgoing:
     peer: Peer
     key: MessageKey
     payload: np.ndarray             # uint8 copy: the caller may reuse its array
-    marked: np.ndarray | None       # per fragment: send with LE_DSCP
+    marked: np.ndarray | None       # per fragment: send with LOWER_EFFORT_DSCP
     required: int                   # bytes the receiver must hold: the total, or less if it tolerates loss
     dscp: int
     fragments: int                  # in its first pass: all of them, at least one
@@ -129,7 +130,7 @@ class Emission(NamedTuple):
     header: bytearray
     payload: memoryview
     dscp: int
-    lower_effort: bool    # a fragment the drop marking lets go (dscp is LE_DSCP)
+    lower_effort: bool    # a fragment the drop marking lets go (dscp is LOWER_EFFORT_DSCP)
     at: float
     message: Outgoing
     first: bool           # of the message's first pass, not a resend or a probe
@@ -295,7 +296,7 @@ class Sender:
         header = bytearray(codec.encode_datagram_header(frame, 0, self.fragment_bytes, message.required))
         lower = first and message.marked is not None and bool(message.marked[index])
         return Emission(message.peer, frame, header, message.view[offset:offset + length],
-                        LE_DSCP if lower else message.dscp, lower, at, message, first, ends)
+                        LOWER_EFFORT_DSCP if lower else message.dscp, lower, at, message, first, ends)
 
     def pass_sent(self, message: Outgoing, now: float) -> None:
         """A pass has left (or failed): arm the probe timer; the message may be served again."""

@@ -2,3 +2,4 @@
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "fixtures"

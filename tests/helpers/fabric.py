@@ -11,9 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from topologies.cleanup import (LOCK_FILE, STATE_DIR, our_bridges, our_interfaces, our_nft_tables,
-                                read_state)
-from topologies.fabric import Fabric
+from emulation.cleanup import LOCK_FILE, STATE_DIR, our_bridges, our_interfaces, our_nft_tables, read_state
+from emulation.fabric import Fabric
 
 from helpers import REPO
 

@@ -1,0 +1,130 @@
+"""Fabric capacity benchmark (`make bench-fabric`): how close the emulation gets to its links.
+
+A 2x2x4 leaf-spine (100 Mbit/s host links, 400 Mbit/s uplinks, the 8-class priority tree on every
+port), iperf3 TCP flows from leaf1's hosts to leaf2's hosts crossing the spines: 4 flows one way,
+then 8 flows both ways, at each MTU asked for (default 1500 and 9000). Per case: aggregate goodput,
+the slowest and fastest flow, ovs-vswitchd's CPU (all threads, and its busiest thread, which
+forwards every packet), the machine's CPU, and what the switches dropped outside their class
+queues (transmit errors in the OVS log, port-socket receive drops). Then strict priority at each
+MTU: a CS5 and an unmarked TCP flow from two hosts into one host's 20 Mbit/s port.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass
+
+from mininet.log import setLogLevel
+
+from emulation.fabric import Fabric
+from emulation.machine import (busiest_thread_share, machine_jiffies, port_socket_drops, process_cpu_s,
+                               thread_jiffies, vswitchd_pid)
+from emulation.ovslog import OvsLog
+
+HOSTS_PER_LEAF = 4
+
+
+@dataclass(frozen=True)
+class Case:
+    mtu: int
+    both_ways: bool
+
+    @property
+    def name(self) -> str:
+        return f"MTU {self.mtu}, {'8 flows both ways' if self.both_ways else '4 flows one way'}"
+
+
+def measure(fab: Fabric, case: Case, seconds: float) -> dict:
+    pairs = [(f"h{i}", f"h{i + HOSTS_PER_LEAF}") for i in range(1, HOSTS_PER_LEAF + 1)]
+    if case.both_ways:
+        pairs += [(dst, src) for src, dst in pairs]
+    servers = [fab.popen(dst, ["iperf3", "-s", "-1", "-p", str(5201 + i)])
+               for i, (_, dst) in enumerate(pairs)]
+    time.sleep(0.5)
+    pid = vswitchd_pid()
+    log = OvsLog()
+    drops0 = sum(port_socket_drops().values())
+    cpu0, threads0, (busy0, total0), t0 = process_cpu_s(pid), thread_jiffies(pid), machine_jiffies(), time.monotonic()
+    clients = [fab.popen(src, ["iperf3", "-c", fab.host(dst).IP(), "-p", str(5201 + i),
+                               "-t", str(seconds), "-J"])
+               for i, (src, dst) in enumerate(pairs)]
+    results = [json.loads(c.communicate(timeout=seconds + 30)[0]) for c in clients]
+    elapsed = time.monotonic() - t0
+    cpu1, threads1, (busy1, total1) = process_cpu_s(pid), thread_jiffies(pid), machine_jiffies()
+    for server in servers:
+        server.wait(10)
+    goodputs = [r["end"]["sum_received"]["bits_per_second"] / 1e6 for r in results]
+    return {"case": case.name, "flows": len(pairs), "aggregate_mbps": sum(goodputs),
+            "min_flow_mbps": min(goodputs), "max_flow_mbps": max(goodputs),
+            "vswitchd_cores": (cpu1 - cpu0) / elapsed,
+            "vswitchd_busiest_thread": busiest_thread_share(threads0, threads1, elapsed),
+            "machine_util": (busy1 - busy0) / (total1 - total0),
+            "ovs_tx_errors": log.transmit_errors().total,
+            "port_socket_drops": sum(port_socket_drops().values()) - drops0}
+
+
+PRIORITY_PORT_MBPS = 20
+
+
+def priority(mtu: int, seconds: float) -> dict:
+    """CS5 (h1) and unmarked (h2) TCP into h3's PRIORITY_PORT_MBPS port, started together."""
+    params = {"spines": 2, "leaves": 2, "hosts": 2, "host_bw": PRIORITY_PORT_MBPS, "fabric_bw": 100,
+              "mtu": mtu}
+    with Fabric("leafspine", params, lb="ecmp") as fab:
+        fab.wait_reachable()
+        for port in (5301, 5302):
+            fab.popen("h3", ["iperf3", "-s", "-1", "-p", str(port)])
+        time.sleep(0.5)
+        clients = [fab.popen(src, ["iperf3", "-c", "10.0.0.3", "-p", str(port), "-t", str(seconds), "-J",
+                                   "--dscp", str(dscp)])
+                   for src, port, dscp in (("h1", 5301, 40), ("h2", 5302, 0))]
+        cs5, unmarked = (json.loads(c.communicate(timeout=seconds + 30)[0])["end"]["sum_received"]
+                         ["bits_per_second"] / 1e6 for c in clients)
+    return {"case": f"MTU {mtu}, priority", "cs5_mbps": cs5, "unmarked_mbps": unmarked}
+
+
+def run(mtus: list[int], seconds: float, host_bw: float, fabric_bw: float) -> list[dict]:
+    rows = []
+    for mtu in mtus:
+        params = {"spines": 2, "leaves": 2, "hosts": HOSTS_PER_LEAF, "host_bw": host_bw,
+                  "fabric_bw": fabric_bw, "mtu": mtu}
+        with Fabric("leafspine", params, lb="ecmp") as fab:
+            fab.wait_reachable()
+            for both_ways in (False, True):
+                rows.append(measure(fab, Case(mtu, both_ways), seconds))
+                print(format_row(rows[-1], host_bw), flush=True)
+    for mtu in mtus:
+        rows.append(priority(mtu, seconds))
+        print(f"{rows[-1]['case']:<32} CS5 TCP {rows[-1]['cs5_mbps']:5.1f} Mbit/s, unmarked TCP "
+              f"{rows[-1]['unmarked_mbps']:5.1f} Mbit/s into one {PRIORITY_PORT_MBPS} Mbit/s port", flush=True)
+    return rows
+
+
+def format_row(row: dict, host_bw: float) -> str:
+    return (f"{row['case']:<32} aggregate {row['aggregate_mbps']:6.1f} Mbit/s "
+            f"({row['aggregate_mbps'] / (row['flows'] * host_bw):4.0%} of line rate), flows "
+            f"{row['min_flow_mbps']:5.1f}-{row['max_flow_mbps']:5.1f}; ovs-vswitchd "
+            f"{row['vswitchd_cores']:.2f} cores (busiest thread {row['vswitchd_busiest_thread']:.2f}); "
+            f"machine {row['machine_util']:.0%}; OVS transmit errors {row['ovs_tx_errors']}, "
+            f"port-socket drops {row['port_socket_drops']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m emulation.bench", description=__doc__)
+    parser.add_argument("--seconds", type=float, default=6)
+    parser.add_argument("--mtu", type=int, action="append", help="repeatable (default: 1500 and 9000)")
+    parser.add_argument("--host-bw", type=float, default=100)
+    parser.add_argument("--fabric-bw", type=float, default=400)
+    parser.add_argument("--json", action="store_true", help="also print the rows as JSON")
+    args = parser.parse_args()
+    setLogLevel("warning")
+    print(f"2x2x{HOSTS_PER_LEAF} leaf-spine, host links {args.host_bw:g} Mbit/s, uplinks "
+          f"{args.fabric_bw:g} Mbit/s, iperf3 TCP {args.seconds:g} s per case")
+    rows = run(args.mtu or [1500, 9000], args.seconds, args.host_bw, args.fabric_bw)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""`python -m controller` argument and port errors (nothing is started), and the stats CSV."""
+import csv
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from controller.__main__ import parse_args, port_in_use
+from controller.stats import PORT_COLUMNS, PortStatsWriter
+
+from helpers.loopback import free_port
+from helpers import REPO
+
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--lb", "roundrobin"], "--lb"),
+    (["--lb", "ECMP"], "--lb"),
+    (["--ofp-port", "0"], "--ofp-port"),
+    (["--ofp-port", "65536"], "--ofp-port"),
+    (["--ofp-port", "-1"], "--ofp-port"),
+    (["--ofp-port", "six"], "--ofp-port"),
+    (["--rest-port", "0"], "--rest-port"),
+    (["--rest-port", "70000"], "--rest-port"),
+    (["--ofp-port", "7000", "--rest-port", "7000"], "--rest-port"),
+    (["--stats-interval", "0"], "--stats-interval"),
+    (["--stats-interval", "-1"], "--stats-interval"),
+    (["--ofp-host", "leaf1"], "--ofp-host"),
+    (["--ofp-host", "10.0.0.256"], "--ofp-host"),
+])
+def test_bad_arguments_exit_non_zero_naming_the_flag(argv, flag, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(argv)
+    assert exit_.value.code not in (0, None)
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "error:" in err and flag in err, err
+
+
+def test_good_arguments():
+    args = parse_args(["--lb", "spray", "--ofp-port", "1", "--rest-port", "65535",
+                       "--stats-interval", "0.5"])
+    assert (args.lb, args.ofp_port, args.rest_port, args.stats_interval) == ("spray", 1, 65535, 0.5)
+    assert (parse_args([]).lb, parse_args([]).ofp_host) == ("ecmp", "127.0.0.1")
+    assert parse_args(["--ofp-host", "192.0.2.7"]).ofp_host == "192.0.2.7"
+
+
+@pytest.fixture
+def listening():
+    """A port something listens on (127.0.0.1)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def test_port_in_use(listening):
+    assert port_in_use(listening)
+    assert not port_in_use(free_port())
+
+
+def run_controller(*argv: str) -> subprocess.CompletedProcess:
+    """Run `python -m controller` in its own process group; fail (and kill it) if it lingers."""
+    proc = subprocess.Popen([sys.executable, "-m", "controller", *argv], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("python -m controller kept running although its port was taken")
+    with pytest.raises(ProcessLookupError):
+        os.killpg(proc.pid, 0)  # nothing of it is left running
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@pytest.mark.parametrize("flag", ["--ofp-port", "--rest-port"])
+def test_a_port_in_use_stops_the_controller_with_one_line(listening, flag):
+    other = "--rest-port" if flag == "--ofp-port" else "--ofp-port"
+    done = run_controller(flag, str(listening), other, str(free_port()))
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert flag in lines[0] and str(listening) in lines[0] and "in use" in lines[0]
+    assert done.stdout == ""
+
+
+def test_unknown_lb_from_the_command_line():
+    done = run_controller("--lb", "bogus")
+    assert done.returncode != 0
+    assert "--lb" in done.stderr.strip().splitlines()[-1]
+
+
+# -- stats CSV --------------------------------------------------------------------------------
+def row(t: float, port: int) -> dict:
+    return {"time_s": t, "switch": "leaf1", "port": port, "tx_bytes": 10 * port,
+            "rx_bytes": 20 * port, "tx_packets": port, "rx_packets": 2 * port,
+            "tx_dropped": 0, "rx_dropped": 1, "extra": "ignored"}
+
+
+def test_port_stats_writer_writes_the_header_once_and_appends(tmp_path):
+    path = tmp_path / "ports.csv"
+    writer = PortStatsWriter(str(path))
+    writer.write([row(0.5, 1), row(0.5, 2)])
+    # Flushed per poll: readable before close (a killed run keeps its rows).
+    assert len(path.read_text().splitlines()) == 3
+    writer.close()
+    writer = PortStatsWriter(str(path))  # a second run appends to the same file
+    writer.write([row(1.5, 1)])
+    writer.write([])
+    writer.close()
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == list(PORT_COLUMNS)
+    assert rows.count(list(PORT_COLUMNS)) == 1
+    assert rows[1:] == [["0.5", "leaf1", "1", "10", "20", "1", "2", "0", "1"],
+                        ["0.5", "leaf1", "2", "20", "40", "2", "4", "0", "1"],
+                        ["1.5", "leaf1", "1", "10", "20", "1", "2", "0", "1"]]
+
+
+def test_port_stats_writer_header_on_an_empty_run(tmp_path):
+    path = tmp_path / "ports.csv"
+    PortStatsWriter(str(path)).close()
+    PortStatsWriter(str(path)).close()
+    assert path.read_text().splitlines() == [",".join(PORT_COLUMNS)]
