@@ -2,19 +2,26 @@
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
-# chromium: the live view's test renders the page headless
-DEB_PACKAGES := mininet openvswitch-switch iperf3 iperf iputils-ping ethtool nftables chromium openssh-client
+DEB_PACKAGES := mininet openvswitch-switch iperf3 iperf iputils-ping ethtool nftables openssh-client
+# Only the tests need these: the live view's test renders the page in a headless browser.
+TEST_DEB_PACKAGES := chromium
 SPEC ?= experiments/default.yaml
 OUT ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup deb venv ovs test unit experiment bench bench-rest bench-fabric clean-net
+.PHONY: setup deb test-deb deb-packages venv ovs test unit experiment bench bench-rest bench-fabric clean-net
 
 setup: deb venv ovs
 
 # Install only the Debian packages that are missing (idempotent; `apt-get update` only when needed).
 deb:
-	@missing=""; for p in $(DEB_PACKAGES); do \
+	@$(MAKE) --no-print-directory deb-packages PACKAGES="$(DEB_PACKAGES)"
+
+test-deb:
+	@$(MAKE) --no-print-directory deb-packages PACKAGES="$(TEST_DEB_PACKAGES)"
+
+deb-packages:
+	@missing=""; for p in $(PACKAGES); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
 	if [ -n "$$missing" ]; then \
@@ -41,7 +48,7 @@ ovs: venv
 	$(PY) -m emulation.machine
 
 # The lint step first (pyproject.toml: ruff), then every test.
-test: setup
+test: setup test-deb
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q tests $(PYTEST_ARGS)
 
