@@ -25,21 +25,11 @@ from typing import Callable, Mapping
 import numpy as np
 import pandas as pd
 
-from experiments.fidelity import FIDELITY_COLUMNS
+from experiments.columns import METRIC_COLUMNS, PHASE_DELIVERED_COLUMNS  # noqa: F401 (runs.csv's, moved)
 from hostapps.codec import DATAGRAM_HEADER_BYTES
-from hostapps.collectives import PHASES
 from hostapps.mlt import IP_UDP_HEADER_BYTES, payload_for_mtu
 from common.frames import ETHERNET_HEADER_BYTES
 
-# iterations.csv's (and runs.csv's) delivered fraction of each collective phase (hostapps.records).
-PHASE_DELIVERED_COLUMNS = [f"delivered_fraction_{phase}" for phase in PHASES]
-# The per-run metric columns of runs.csv, in order (run_metrics, speedup_vs_baseline, the guard's).
-METRIC_COLUMNS = [
-    "iter_time_mean_s", "iter_time_p50_s", "iter_time_p99_s", "samples_per_s",
-    "final_accuracy", "time_to_accuracy_s", "bytes_sent", "lower_bound_s", "tight_bound_s",
-    "compute_s", "comm_s", "tictac_efficiency", "straggler_s", *PHASE_DELIVERED_COLUMNS, "replica_divergence",
-    "speedup_vs_baseline", "uplink_imbalance", *FIDELITY_COLUMNS,
-]
 # TicTac's E is only defined where both parts matter: below this share of the iteration, one of
 # them is noise and E = (comm + comp - T) / min(comm, comp) divides by it (-88.85 on an MLP run).
 OVERLAP_SHARE_MIN = 0.1
