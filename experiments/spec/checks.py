@@ -64,11 +64,20 @@ def check_config(config: RunConfig) -> None:
         if flow.dst in sources:
             raise not_allowed(f"background.{index}.dst", flow.dst, "a host other than the sources")
     links = topology_links(config.topology) if config.faults else set()
+    held: dict[tuple[str, frozenset[str]], list[tuple[int, Fault]]] = {}  # faults by kind and link
     for index, fault in enumerate(config.faults):
         path = f"faults.{index}"
-        if frozenset(fault.link.split("-", 1)) not in links or fault.link.count("-") != 1:
+        link = frozenset(fault.link.split("-", 1))
+        if link not in links or fault.link.count("-") != 1:
             example = "-".join(sorted(next(iter(sorted(links, key=sorted)))))
             raise not_allowed(f"{path}.link", fault.link, f"a link of the topology written a-b, e.g. {example}")
+        for other, earlier in held.get((fault.kind, link), []):
+            end = earlier.at_s + earlier.duration_s
+            if fault.at_s < end and earlier.at_s < fault.at_s + fault.duration_s:
+                raise not_allowed(f"{path}.at_s", fault.at_s, f"a time outside {earlier.at_s:g}..{end:g} s, when "
+                                  f"faults.{other} holds the same link with a {fault.kind} fault: a link has one loss "
+                                  "rule, one rate and one carrier, the end of one fault would end the other's")
+        held.setdefault((fault.kind, link), []).append((index, fault))
         for name, kind in (("loss_percent", "loss"), ("rate_mbps", "rate")):
             given = getattr(fault, name) is not None
             if given and fault.kind != kind:

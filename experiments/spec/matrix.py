@@ -29,6 +29,24 @@ class Axis:
     baseline: str | None = None
 
 
+def label_of(value: Any) -> str:
+    """A matrix label as the spec prints it: a string as it is, any other scalar as YAML writes it."""
+    return value if isinstance(value, str) else show(value)
+
+
+def _labelled(path: str, items: list[tuple[Any, dict]]) -> dict[str, dict]:
+    """Override sets by label; two labels that print alike (1 and '1', null and 'null') would be one run."""
+    values: dict[str, dict] = {}
+    keys: dict[str, Any] = {}
+    for key, overrides in items:
+        label = label_of(key)
+        if label in values:
+            raise not_allowed(f"{path}.values", key, f"labels that print apart: {show(keys[label])} prints as "
+                              f"{label} too")
+        values[label], keys[label] = overrides, key
+    return values
+
+
 def _unknown(path: str, key: Any, known: list[str]) -> tuple[str, str]:
     error = schema.unknown_key(path, key, known)
     return error.path, error.problem
@@ -49,22 +67,18 @@ def parse_axis(name: Any, raw: Any) -> Axis:
         field_name = raw.get("field")
         if not isinstance(field_name, str):
             raise not_allowed(f"{path}.field", field_name, "the dotted field the scalar values set")
-        values = {}
         for index, value in enumerate(raw_values):
             if isinstance(value, (dict, list)) or value is None:
                 raise not_allowed(f"{path}.values.{index}", value, f"a scalar for {field_name}")
-            values[value if isinstance(value, str) else show(value)] = {field_name: value}
-        if len(values) < len(raw_values):
-            raise not_allowed(f"{path}.values", raw_values, "distinct values")
+        values = _labelled(path, [(value, {field_name: value}) for value in raw_values])
     elif isinstance(raw_values, dict) and raw_values:
         if "field" in raw:
             raise not_allowed(f"{path}.field", raw["field"], "only with a list of scalar values")
-        values = {}
         for label, overrides in raw_values.items():
             if overrides is not None and not isinstance(overrides, dict):
-                raise not_allowed(f"{path}.values.{label}", overrides,
+                raise not_allowed(f"{path}.values.{label_of(label)}", overrides,
                                   "a mapping of dotted fields to values, e.g. {controller.lb: spray}")
-            values[str(label)] = overrides or {}
+        values = _labelled(path, [(label, overrides or {}) for label, overrides in raw_values.items()])
     else:
         raise not_allowed(f"{path}.values", raw_values,
                           "a non-empty list of scalars (with field) or mapping of labels to overrides")
@@ -75,10 +89,10 @@ def parse_axis(name: Any, raw: Any) -> Axis:
             if str(key).split(".")[0] in HEADER_KEYS:
                 raise not_allowed(f"{path}.values.{label}", key, "fields of " + ", ".join(CONFIG_KEYS))
     baseline = raw.get("baseline")
-    if baseline is not None and str(baseline) not in values:
+    if baseline is not None and label_of(baseline) not in values:
         raise not_allowed(f"{path}.baseline", baseline, f"one of {', '.join(values)}")
     if name in RESERVED_COLUMNS or (name in CONFIG_COLUMNS and raw.get("field") != CONFIG_COLUMNS[name]):
         raise not_allowed("matrix", name, "an axis name that is not a runs.csv column, unless it "
                           f"is the scalar axis over that column's field ({CONFIG_COLUMNS.get(name, '-')})")
-    return Axis(name, values, None if baseline is None else str(baseline))
+    return Axis(name, values, None if baseline is None else label_of(baseline))
 

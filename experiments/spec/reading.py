@@ -130,6 +130,24 @@ class _SpecLoader(yaml.SafeLoader):
             raise YamlLimitError(f"{problem[0] or 'the document'} {problem[1]}")
         return node
 
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        """A mapping whose keys are distinct, as Python compares them (1, 1.0 and true are one key):
+        YAML would keep the last value silently. Keys a merge (<<) brings may be overridden."""
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value if isinstance(node, yaml.MappingNode) else ():
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                earlier = seen.setdefault(key, key)
+            except TypeError:  # an unhashable key: PyYAML's own error says so
+                continue
+            if earlier is not key:
+                again = "" if show(key) == show(earlier) else f" (as {show(key)})"
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"found the key {show(earlier)} twice in one mapping{again}", key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
     def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
         try:
             return super().construct_object(node, deep)
