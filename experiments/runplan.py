@@ -21,7 +21,7 @@ from common.schema import SchemaError
 from controller.scheduling import describe_job, parse_job
 from experiments import traffic
 from experiments.source_ports import run_source_ports
-from experiments.spec import Run, Spec, SpecError, Topology, layout_of, not_allowed
+from experiments.spec import Job, Run, Spec, SpecError, Topology, layout_of, not_allowed
 from hostapps.config import ConfigError, Model, ProcessConfig, Training, build_model, config_from_args, \
     layer_times_s, process_arguments
 from hostapps.mlt import payload_for_mtu
@@ -185,7 +185,7 @@ def plan_run(run: Run) -> RunPlan:
         layers = layer_table(run)
     except ConfigError as error:
         flag = error.path.lstrip("-").replace("-", "_")
-        known = {field.name for field in dataclasses.fields(Training)}
+        known = {field.name for field in dataclasses.fields(Job)}
         field = FLAG_FIELDS.get(flag, f"job.{flag}" if flag in known else "job")
         raise SpecError(field, f"{error.problem} (the host apps would refuse {error.path or 'the job'})") from None
     job_id = f"run{run.index}"
