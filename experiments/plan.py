@@ -49,7 +49,10 @@ def plan_text(name: str, plans: list[RunPlan]) -> str:
             across = {link: sent for link, sent in carried.items() if link in crossing_keys}
             total, busiest = sum(across.values()), max(across.values(), default=0.0)
             bound = plan.lower_bound_s
+            if bound:
+                rates = f"{total * 8 / bound / 1e6:8.1f} Mbit/s ({busiest * 8 / bound / 1e6:.1f})"
+            else:  # a job that sends nothing (one worker's all-reduce)
+                rates = f"{'-':>8} Mbit/s (-)"
             lines.append(f"  {plan.run.run_id:<{run_width}}  {total / 1e6:8.2f} MB ({busiest / 1e6:.2f} MB)"
-                         f" -> {total * 8 / bound / 1e6:8.1f} Mbit/s ({busiest * 8 / bound / 1e6:.1f})"
-                         f" in {bound * 1e3:.1f} ms")
+                         f" -> {rates} in {bound * 1e3:.1f} ms")
     return "\n".join(lines)

@@ -7,12 +7,15 @@ less. The controller appends port statistics to the fabric's own CSV (OUT/fabric
 ports.csv) for its whole life; a run's ports.csv is the slice of it from the last poll before the
 run started to the first poll after it ended.
 
-A run: background flows and faults on a schedule from the job's start (experiments/
-disturbances.py), parameter-server shards first, then the workers, all in their hosts with their
-stdout/stderr in their process directories; the CPU of the machine sampled meanwhile. It fails
-when a process exits non-zero, the job outlives RUN_TIMEOUT_S, a disturbance cannot be applied or
-the controller logs an exception; the next run goes on. Ctrl-C or SIGTERM stops everything the
-runner started and keeps the finished runs for --resume.
+A run does what its plan says (experiments/runplan.py, computed from the spec alone): background
+flows and faults on a schedule from the job's start (experiments/disturbances.py), parameter-server
+shards first, then the workers, all in their hosts with their stdout/stderr in their process
+directories; the CPU of the machine sampled meanwhile. It fails when a process exits non-zero, the
+job outlives RUN_TIMEOUT_S, a disturbance cannot be applied, the controller logs an exception or
+anything else raises in it: its run.json says why, and the next run goes on (a fabric that fails
+fails its runs not yet recorded, and the next fabric goes on). Ctrl-C or SIGTERM stops everything
+the runner started and keeps the finished runs for --resume; a resumed fabric's earlier record is
+kept beside the new one.
 """
 from __future__ import annotations
 

@@ -69,6 +69,13 @@ def test_plan_prints_placement_crossing_links_and_traffic_per_iteration(capsys):
     assert "  links crossing servers: 0 of 8" in capsys.readouterr().out
 
 
+def test_plan_of_a_job_that_sends_nothing(capsys):
+    """One worker's all-reduce: its bound is 0 s (found by the generated specs: plan divided by it)."""
+    assert main(["plan", SMOKE, "--set", "job.workers=[h1]"]) == 0
+    assert "  mode=allreduce,rep=1      0.00 MB (0.00 MB) ->        - Mbit/s (-) in 0.0 ms" in \
+        capsys.readouterr().out.splitlines()
+
+
 def test_plot_needs_a_results_directory(tmp_path, capsys):
     assert main(["plot", str(tmp_path)]) == 2
     assert "has no runs.csv" in capsys.readouterr().err
