@@ -6,8 +6,10 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.spec import Spec, SpecError, load_spec
 from common.signals import signals_deferred
+from experiments.plan import plan_text
+from experiments.runplan import check_live_port, dry_run
+from experiments.spec import Spec, SpecError, load_spec
 
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
 LIVE_PORT = 8765
@@ -82,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         spec = load_spec(args.spec, args.set)
+        plans = dry_run(spec)  # what the runner will compute for each run, without a fabric
     except SpecError as error:
         print(error, file=sys.stderr)
         return 2
@@ -89,18 +92,19 @@ def main(argv: list[str] | None = None) -> int:
         print(run_list(spec))
         return 0
     if args.command == "plan":
-        from experiments.plan import plan_text
-        print(plan_text(spec))
+        print(plan_text(spec.name, plans))
         return 0
     if args.resume and args.out is None:
         print("run: --resume needs --out, the directory to resume", file=sys.stderr)
         return 2
+    try:
+        check_live_port(args.live, "--live")  # the spec's live: was checked with the spec
+    except SpecError as error:
+        print(f"run: {error.path}: {error.problem}", file=sys.stderr)
+        return 2
     out = args.out or RESULTS_DIR / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_experiment = _import_runner()
     live = args.live if args.live is not None else spec.header.live
-    if live is not None and not 1024 <= live <= 65535:
-        print(f"run: --live: {live} is not allowed (a port 1024..65535)", file=sys.stderr)
-        return 2
     failed = run_experiment(spec, out, args.resume, live)
     return 1 if failed else 0
 

@@ -23,6 +23,8 @@ from topologies.shaping import htb_classes
 
 IPERF_PORT = 5201  # flow i's iperf3 servers listen on IPERF_PORT + FLOW_PORTS*i + source index
 NFT_TABLE = "dnntb"  # + the interface name: one nftables table per interface with loss
+# A link has one such table, one HTB rate and one carrier: the spec refuses two faults of one kind on
+# one link at once (experiments/spec/checks.py), the end of one would end the other's condition.
 
 
 @dataclass

@@ -25,17 +25,13 @@ import math
 
 import pandas as pd
 
+from experiments.columns import FIDELITY_COLUMNS  # noqa: F401 (runs.csv's, moved)
+
 CPU_LIMIT = 0.9
 VSWITCHD_THREAD_LIMIT = 0.9
 LINK_RATE_MIN = 0.9
 OUTSIDE_DROPS_LIMIT = 1e-4
 APP_LAG_P99_MS_LIMIT = 10.0
-
-# runs.csv columns the guard fills, in order.
-FIDELITY_COLUMNS = [
-    "cpu_util_mean", "vswitchd_thread_util_mean", "link_rate_frac", "class_queue_drops_pkts",
-    "outside_queue_drops_pkts", "app_lag_ms_p99", "fidelity_ok", "fidelity_reason",
-]
 
 
 def window(samples: pd.DataFrame, start_s: float, end_s: float) -> pd.DataFrame:

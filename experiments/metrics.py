@@ -25,53 +25,12 @@ from typing import Callable, Mapping
 import numpy as np
 import pandas as pd
 
-from experiments.fidelity import FIDELITY_COLUMNS
-from hostapps.codec import DATAGRAM_HEADER_BYTES
-from hostapps.collectives import PHASES
-from hostapps.mlt import IP_UDP_HEADER_BYTES, payload_for_mtu
-from common.frames import ETHERNET_HEADER_BYTES
+from experiments.columns import METRIC_COLUMNS, PHASE_DELIVERED_COLUMNS  # noqa: F401 (runs.csv's, moved)
+from experiments.traffic import comm_lower_bound_s, wire_bytes_per_payload_byte  # noqa: F401 (moved)
 
-# iterations.csv's (and runs.csv's) delivered fraction of each collective phase (hostapps.records).
-PHASE_DELIVERED_COLUMNS = [f"delivered_fraction_{phase}" for phase in PHASES]
-# The per-run metric columns of runs.csv, in order (run_metrics, speedup_vs_baseline, the guard's).
-METRIC_COLUMNS = [
-    "iter_time_mean_s", "iter_time_p50_s", "iter_time_p99_s", "samples_per_s",
-    "final_accuracy", "time_to_accuracy_s", "bytes_sent", "lower_bound_s", "tight_bound_s",
-    "compute_s", "comm_s", "tictac_efficiency", "straggler_s", *PHASE_DELIVERED_COLUMNS, "replica_divergence",
-    "speedup_vs_baseline", "uplink_imbalance", *FIDELITY_COLUMNS,
-]
 # TicTac's E is only defined where both parts matter: below this share of the iteration, one of
 # them is noise and E = (comm + comp - T) / min(comm, comp) divides by it (-88.85 on an MLP run).
 OVERLAP_SHARE_MIN = 0.1
-TCP_IP_HEADER_BYTES = 52  # IPv4 20 + TCP 20 + the timestamp option 12
-
-
-def wire_bytes_per_payload_byte(mtu: int, transport: str) -> float:
-    """What a link carries (Ethernet frames, as the shapers count them) per byte of tensor payload,
-    with full-size packets: TCP segments of mtu - 52 bytes, mlt datagrams of payload_for_mtu."""
-    if transport == "tcp":
-        return (mtu + ETHERNET_HEADER_BYTES) / (mtu - TCP_IP_HEADER_BYTES)
-    if transport == "mlt":
-        payload = payload_for_mtu(mtu)
-        return (payload + DATAGRAM_HEADER_BYTES + IP_UDP_HEADER_BYTES + ETHERNET_HEADER_BYTES) / payload
-    raise ValueError(f"transport: {transport!r} is not allowed (tcp or mlt)")
-
-
-def comm_lower_bound_s(mode: str, model_bytes: float, host_bw_mbps: float,
-                       workers: int, servers: int, mtu: int, transport: str) -> float:
-    """Analytical lower bound on one iteration's communication time, framing at the MTU included.
-
-    Ring all-reduce: every worker sends and receives 2(n-1)/n of the model over its link.
-    Parameter server with k shards: every worker pushes the whole model (S/B) and the shards
-    together receive n models over k links (n*S/(k*B)).
-    """
-    rate_bytes_per_s = host_bw_mbps * 1e6 / 8
-    seconds_per_model = model_bytes * wire_bytes_per_payload_byte(mtu, transport) / rate_bytes_per_s
-    if mode == "allreduce":
-        return 2 * (workers - 1) / workers * seconds_per_model
-    if mode == "ps":
-        return max(seconds_per_model, workers * seconds_per_model / servers)
-    raise ValueError(f"mode: {mode!r} is not allowed (allreduce or ps)")
 
 
 def tight_bound_s(link_bound_s: float, compute_s: float, tail_comm_s: float) -> float:

@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import itertools
 
-from experiments.runner import _fabric_key, layer_sizes, lower_bound_s
-from experiments.spec import Spec, layout_of
+from experiments.runplan import RunPlan, fabric_key
+from experiments.spec import layout_of
 from experiments.traffic import link_traffic
 from topologies.cluster import LOCAL, crossing_links, placement
 
-def plan_text(spec: Spec) -> str:
+
+def plan_text(name: str, plans: list[RunPlan]) -> str:
     """What `plan` prints: per fabric its placement and crossing links, per run its crossing traffic."""
-    fabrics = [list(runs) for _, runs in itertools.groupby(spec.runs, _fabric_key)]
-    lines = [f"{spec.name}: {len(spec.runs)} runs on {len(fabrics)} fabric(s)"]
+    fabrics = [list(runs) for _, runs in itertools.groupby(plans, lambda plan: fabric_key(plan.run))]
+    lines = [f"{name}: {len(plans)} runs on {len(fabrics)} fabric(s)"]
     for number, runs in enumerate(fabrics, start=1):
-        config = runs[0].config
+        config = runs[0].run.config
         layout = layout_of(config.topology)
         servers = config.cluster.servers or [LOCAL]
         where = placement(layout, servers, config.cluster.placement)
@@ -42,13 +43,16 @@ def plan_text(spec: Spec) -> str:
                      + (f" ({shown}{more})" if crossing else ""))
         crossing_keys = {link.names for link in crossing}
         lines.append("  run: bytes per iteration over crossing links (busiest link) -> Mbit/s at the bound")
-        run_width = max(len(run.run_id) for run in runs)
-        for run in runs:
-            carried = link_traffic(run, layer_sizes(run))
+        run_width = max(len(plan.run.run_id) for plan in runs)
+        for plan in runs:
+            carried = link_traffic(plan.run, plan.layer_sizes)
             across = {link: sent for link, sent in carried.items() if link in crossing_keys}
             total, busiest = sum(across.values()), max(across.values(), default=0.0)
-            bound = lower_bound_s(run)
-            lines.append(f"  {run.run_id:<{run_width}}  {total / 1e6:8.2f} MB ({busiest / 1e6:.2f} MB)"
-                         f" -> {total * 8 / bound / 1e6:8.1f} Mbit/s ({busiest * 8 / bound / 1e6:.1f})"
-                         f" in {bound * 1e3:.1f} ms")
+            bound = plan.lower_bound_s
+            if bound:
+                rates = f"{total * 8 / bound / 1e6:8.1f} Mbit/s ({busiest * 8 / bound / 1e6:.1f})"
+            else:  # a job that sends nothing (one worker's all-reduce)
+                rates = f"{'-':>8} Mbit/s (-)"
+            lines.append(f"  {plan.run.run_id:<{run_width}}  {total / 1e6:8.2f} MB ({busiest / 1e6:.2f} MB)"
+                         f" -> {rates} in {bound * 1e3:.1f} ms")
     return "\n".join(lines)

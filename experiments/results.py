@@ -37,7 +37,8 @@ import yaml
 from controller import stats as controller_stats
 from experiments import fidelity, metrics
 from experiments.sampler import CPU_COLUMNS, DRAIN_COLUMNS, QUEUE_COLUMNS, SOCKET_COLUMNS
-from experiments.spec import CONFIG_COLUMNS, Run, Spec, get_field, parse_spec, scheme_of
+from experiments.columns import CONFIG_COLUMNS, runs_columns
+from experiments.spec import Run, Spec, get_field, parse_spec, scheme_of
 from hostapps import records
 from common.files import atomic_open, write_text
 from common.sysctl import read_sysctl
@@ -60,16 +61,6 @@ PROCESS_DIR = re.compile(r"(?P<host>.+)-(?P<role>worker|server)(?P<rank>\d+)")
 # Port statistics silent for this many polling intervals: a gap (a controller restarting, say).
 PORT_STATS_GAP_INTERVALS = 3
 RUN_STATUSES = ("ok", "failed")
-RECORD_COLUMNS = ["faults", "data_gaps"]
-
-
-def runs_columns(axes: list[str]) -> list[str]:
-    """runs.csv header: run_id, the axes (but those that are config columns), rep, config, metrics,
-    then the faults the run survived and the data its metrics lack."""
-    axis_columns = [axis for axis in axes if axis not in CONFIG_COLUMNS]
-    config_columns = ["mode", "lb", "sched", "transport", "loss_bound", "workers", "iterations"]
-    return ["run_id", *axis_columns, "rep", *config_columns, *metrics.METRIC_COLUMNS, *RECORD_COLUMNS]
-
 
 # ------------------------------------------------------------------------------ layout, writers
 

@@ -7,12 +7,15 @@ less. The controller appends port statistics to the fabric's own CSV (OUT/fabric
 ports.csv) for its whole life; a run's ports.csv is the slice of it from the last poll before the
 run started to the first poll after it ended.
 
-A run: background flows and faults on a schedule from the job's start (experiments/
-disturbances.py), parameter-server shards first, then the workers, all in their hosts with their
-stdout/stderr in their process directories; the CPU of the machine sampled meanwhile. It fails
-when a process exits non-zero, the job outlives RUN_TIMEOUT_S, a disturbance cannot be applied or
-the controller logs an exception; the next run goes on. Ctrl-C or SIGTERM stops everything the
-runner started and keeps the finished runs for --resume.
+A run does what its plan says (experiments/runplan.py, computed from the spec alone): background
+flows and faults on a schedule from the job's start (experiments/disturbances.py), parameter-server
+shards first, then the workers, all in their hosts with their stdout/stderr in their process
+directories; the CPU of the machine sampled meanwhile. It fails when a process exits non-zero, the
+job outlives RUN_TIMEOUT_S, a disturbance cannot be applied, the controller logs an exception or
+anything else raises in it: its run.json says why, and the next run goes on (a fabric that fails
+fails its runs not yet recorded, and the next fabric goes on). Ctrl-C or SIGTERM stops everything
+the runner started and keeps the finished runs for --resume; a resumed fabric's earlier record is
+kept beside the new one.
 """
 from __future__ import annotations
 
@@ -32,34 +35,29 @@ import time
 import urllib.error
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import pandas as pd
 from mininet.log import setLogLevel
 
-from experiments import plots, summary, traffic
+from experiments import plots, summary
 from experiments.disturbances import Schedule, disturbances_of
 from experiments.live import LiveError, LiveView
-from experiments.metrics import comm_lower_bound_s
 from experiments.progress import Progress
 from experiments.results import (PORT_COLUMNS, PORT_RATE_COLUMNS, aggregate, completed_run_ids,
                                  process_dir, read_run_record, run_dir, start_output, write_csv,
                                  write_run_record)
 from common.files import write_text
 from experiments.sampler import FabricSampler
-from experiments.source_ports import run_source_ports
-from experiments.spec import Run, Spec, Topology
-from hostapps.config import ProcessConfig, Training, build_model, layer_times_s, process_arguments
-from hostapps.mlt import payload_for_mtu
+from experiments.runplan import OPENFLOW_PORT, REST_PORT, RunPlan, fabric_key, fabric_params, plan_run
+from experiments.spec import Run, Spec
+from hostapps.config import process_arguments
 from emulation import cluster
 from topologies.cluster import ClusterError, crossing_links
 from common.paths import REPO
 from emulation.fabric import Fabric, FabricError, kill_group
 from emulation.machine import MachineError, machine_used_mb, prepare, process_rss_mb, vswitchd_pid
 
-WORKER_PORT = 7000
-SERVER_PORT = 7100
-PEER_TIMEOUT_S = 30.0   # host apps fail when a peer stays silent this long
 RUN_TIMEOUT_S = 600.0   # a job still running after this is killed and its run failed
 POLL_S = 0.2
 CONTROLLER_CHECK_S = 1.0  # how often the runner checks that the controller is alive
@@ -113,7 +111,7 @@ def _run_experiment(spec: Spec, out_dir: Path, resume: bool, live: LiveView | No
             for run_id in finished:
                 progress.end_run("skipped", run_id)
             pending = [run for run in spec.runs if run.run_id not in finished]
-            for _, runs in itertools.groupby(pending, _fabric_key):
+            for _, runs in itertools.groupby(pending, fabric_key):
                 run_on_fabric(out, list(runs), progress)
     except KeyboardInterrupt:
         sys.exit(f"run: interrupted; the finished runs are kept, continue with --resume --out {out}")
@@ -128,32 +126,17 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # unwinds like Ctrl-C: the fabric and the runs' processes stop
 
 
-def _fabric_key(run: Run) -> tuple:
-    """Runs with equal keys can share a fabric."""
-    servers = run.config.cluster
-    return (run.topology, run.controller.lb, run.controller.stats_interval_s, tuple(servers.servers),
-            servers.placement)
-
-
-def _topo_params(topology: Topology) -> dict:
-    common = {"mtu": topology.mtu, "tcp_cc": topology.tcp_cc}
-    if topology.kind == "fattree":
-        return {"k": topology.k, "bw": topology.host_bw, **common}
-    return {"spines": topology.spines, "leaves": topology.leaves, "hosts": topology.hosts_per_leaf,
-            "host_bw": topology.host_bw, "fabric_bw": topology.fabric_bw, **common}
-
-
 def run_on_fabric(out: Path, runs: list[Run], progress: Progress) -> None:
-    """Runs sharing one fabric. When the fabric fails, so do its runs not yet recorded."""
+    """Runs sharing one fabric. A run that fails fails alone, its record saying why; when the fabric
+    fails, so do its runs not yet recorded."""
     first = runs[0]
-    workdir = out / "fabrics" / first.run_id
-    if workdir.exists():
-        shutil.rmtree(workdir)  # a resumed attempt's leftovers
+    workdir = fabric_dir(out, first)
     stats_csv = workdir / "ports.csv"
     recorded: list[str] = []
     fab, placement = None, {}
     try:
-        with Fabric(first.topology.kind, _topo_params(first.topology), lb=first.controller.lb,
+        with Fabric(first.topology.kind, fabric_params(first.topology), lb=first.controller.lb,
+                    ofp_port=OPENFLOW_PORT, rest_port=REST_PORT,
                     workdir=workdir, stats_csv=stats_csv, stats_interval=first.controller.stats_interval_s,
                     servers=first.config.cluster.servers or None,
                     placement=first.config.cluster.placement) as fab:
@@ -164,16 +147,21 @@ def run_on_fabric(out: Path, runs: list[Run], progress: Progress) -> None:
             rates = port_rates(fab)
             progress.fabric_up(fab, rates)
             for run in runs:
-                progress.start_run(run.run_id, run.job.iterations, lower_bound_s(run))
                 try:
-                    status = run_once(fab, out, run, rates, stats_csv, progress)
+                    plan = plan_run(run)
+                    progress.start_run(run.run_id, run.job.iterations, plan.lower_bound_s)
+                    status = run_once(fab, out, plan, rates, stats_csv, progress)
                 except (FabricError, OSError):
                     recorded.append(run.run_id)  # failed with its reason; the fabric is given up
-                    progress.end_run("failed")
+                    progress.end_run("failed", run.run_id)
                     raise
+                except Exception as error:  # this run alone: recorded failed, the next one goes on
+                    now = time.time()
+                    write_run_record(out, run, "failed", now, now, error=f"{type(error).__name__}: {error}")
+                    status = "failed"
                 recorded.append(run.run_id)
-                progress.end_run(status)
-    except (FabricError, OSError) as error:
+                progress.end_run(status, run.run_id)
+    except Exception as error:
         now = time.time()
         for run in runs:
             if run.run_id not in recorded:
@@ -186,6 +174,18 @@ def run_on_fabric(out: Path, runs: list[Run], progress: Progress) -> None:
             record = {**placement, **fabric_memory([run_dir(out, run_id) for run_id in recorded]),
                       **{key: round(value, 3) for key, value in fab.timings.items()}}
             write_text(workdir / "fabric.json", json.dumps(record, indent=2) + "\n")
+
+
+def fabric_dir(out: Path, first: Run) -> Path:
+    """fabrics/<first run_id>, for a fabric's controller log, port statistics and record. An earlier
+    attempt's there (an interrupted experiment, resumed) is kept beside it as <first run_id>.attempt<N>."""
+    workdir = out / "fabrics" / first.run_id
+    if workdir.exists():
+        attempt = 1
+        while workdir.with_name(f"{workdir.name}.attempt{attempt}").exists():
+            attempt += 1
+        workdir.rename(workdir.with_name(f"{workdir.name}.attempt{attempt}"))
+    return workdir
 
 
 def fabric_placement(fab: Fabric) -> dict:
@@ -259,30 +259,36 @@ class ControllerWatch:
                            f"{time.monotonic() - began:.1f} s")
 
 
-def run_once(fab: Fabric, out: Path, run: Run, rates: pd.DataFrame, stats_csv: Path,
+def run_once(fab: Fabric, out: Path, plan: RunPlan, rates: pd.DataFrame, stats_csv: Path,
              progress: Progress) -> str:
     """One run on a ready fabric: its records in runs/<run_id>/; returns its status. A controller
-    that dies is restarted (the run goes on, its record says so); FabricError when it cannot be."""
+    that dies is restarted (the run goes on, its record says so); FabricError when it cannot be.
+    Whatever else stops the job fails this run alone, with the records it has."""
+    run = plan.run
     path = run_dir(out, run.run_id)
     if path.exists():
         shutil.rmtree(path)  # an interrupted or failed earlier attempt
     path.mkdir(parents=True)
     known_problems = len(fab.controller_problems())
-    schedule = Schedule(disturbances_of(fab, run.config, path))
+    schedule = Schedule([])
     processes: list[JobProcess] = []
     start_s = time.time()
     watch = ControllerWatch(fab, start_s)
-    job_id = f"run{run.index}"
     job_number = secrets.randbits(31)  # in every host-app frame: a stray datagram of another run is not ours
     error = ""
     try:
         try:
+            schedule = Schedule(disturbances_of(fab, run.config, path))
             with FabricSampler(path, switch_ports(fab)) as sampler:
                 progress.sampling(sampler)
-                layer_dscp = register_job(fab, run, job_id, watch.jobs)
-                processes = launch_job(fab, out, run, layer_dscp, job_number)
+                layer_dscp = register_job(fab, plan, watch.jobs)
+                processes = launch_job(fab, out, plan, layer_dscp, job_number)
                 schedule.start()
                 error = wait_job(processes, progress, watch.check)
+        except (FabricError, OSError):
+            raise
+        except Exception as failure:
+            error = f"{type(failure).__name__}: {failure}"
         finally:
             schedule.stop()
             for process in processes:
@@ -290,7 +296,7 @@ def run_once(fab: Fabric, out: Path, run: Run, rates: pd.DataFrame, stats_csv: P
                 cluster.kill_remote(fab.host(process.host), rf"--job {job_number}( |$)")
         watch.check(now=math.inf)  # the run's end: is the controller still there?
         if watch.jobs:
-            unregister_job(fab, job_id)
+            unregister_job(fab, plan.job_id)
     except (FabricError, OSError) as failure:
         write_run_record(out, run, "failed", start_s, time.time(), error=f"fabric: {failure}",
                          faults=watch.faults)
@@ -303,81 +309,11 @@ def run_once(fab: Fabric, out: Path, run: Run, rates: pd.DataFrame, stats_csv: P
     write_csv(rates, path / "port_rates.csv")
     write_port_slice(stats_csv, path / "ports.csv", start_s, end_s, run.controller.stats_interval_s)
     status = "failed" if error else "ok"
-    write_run_record(out, run, status, start_s, end_s, error=error, faults=watch.faults,
-                     bounds=traffic_bounds(run))
+    write_run_record(out, run, status, start_s, end_s, error=error, faults=watch.faults, bounds=plan.bounds)
     return status
 
 
-def host_ips(fab: Fabric, run: Run) -> dict[str, str]:
-    return {host: fab.host(host).IP() for host in run.config.hosts}
-
-
-def process_config(run: Run, role: str, rank: int, ip: dict[str, str], **process: Any) -> ProcessConfig:
-    """One process of the run's job: the spec's training knobs as they are, the peers' addresses and
-    the fabric's facts (link rate for pacing and profile timing, datagram payload at the MTU, and whether
-    mlt sprays: a source port per datagram under lb spray, else one, a flow per peer as TCP's)."""
-    config = run.config
-    training = {field.name: getattr(run.job, field.name) for field in dataclasses.fields(Training)}
-    ports, _ = run_source_ports(config)
-    index = rank if role == "server" else len(config.server_hosts) + rank
-    if config.controller.lb != "spray":
-        process.setdefault("sport_range", 1)
-    return ProcessConfig(**training, role=role, rank=rank, source_port=ports[index],
-                         workers=[(ip[host], WORKER_PORT) for host in config.worker_hosts],
-                         servers=[(ip[host], SERVER_PORT) for host in config.server_hosts],
-                         timeout=PEER_TIMEOUT_S, link_mbps=config.topology.host_bw,
-                         mtu_payload=payload_for_mtu(config.topology.mtu), **process)
-
-
-def lower_bound_s(run: Run) -> float:
-    """The analytical bound on the run's communication per iteration (experiments/metrics.py)."""
-    config = run.config
-    model_bytes = sum(layer_sizes(run))
-    return comm_lower_bound_s(run.job.mode, model_bytes, config.topology.host_bw, len(config.worker_hosts),
-                              max(1, len(config.server_hosts)), config.topology.mtu, run.job.transport)
-
-
-def layer_table(run: Run) -> list[dict]:
-    """The job's layers as the host apps build the model: index, name, bytes, and a worker's
-    forward and backward compute in milliseconds (what the tictac policy times its classes by)."""
-    ip = {host: "127.0.0.1" for host in run.config.hosts}
-    config = process_config(run, "worker", 0, ip)
-    model = build_model(config)
-    forward_s, backward_s = layer_times_s(model, config.batch // config.world)
-    return [{"index": i, "name": layer.name, "bytes": int(layer.size) * 4,
-             "fwd_ms": forward_s[i] * 1000, "bwd_ms": backward_s[i] * 1000}
-            for i, layer in enumerate(model.layers)]
-
-
-def layer_sizes(run: Run) -> list[int]:
-    """The job's layer bytes, front layer first."""
-    return [layer["bytes"] for layer in layer_table(run)]
-
-
-def traffic_bounds(run: Run) -> dict[str, float]:
-    """The bounds the job's traffic puts on an iteration, for its run.json (experiments/traffic.py)."""
-    sizes = layer_sizes(run)
-    return {"link_bound_s": traffic.link_bound_s(run, sizes), "tail_comm_s": traffic.tail_comm_s(run, sizes)}
-
-
-def job_document(run: Run, job_id: str, ip: dict[str, str]) -> dict:
-    """The job as `POST /jobs` takes it (controller/scheduling.py): its policy, hosts, layer table
-    and, with TCP, its connections each way between every two of its processes."""
-    config = run.config
-    proto = "udp" if run.job.transport == "mlt" else "tcp"
-    ports = {host: WORKER_PORT for host in config.worker_hosts}
-    ports.update({host: SERVER_PORT for host in config.server_hosts})
-    flows = []
-    for src in ports if proto == "tcp" else ():
-        for dst, port in ports.items():
-            if src != dst:  # to the peer's listening port, and the answers from it
-                flows.append({"src": ip[src], "dst": ip[dst], "proto": proto, "dport": port})
-                flows.append({"src": ip[dst], "dst": ip[src], "proto": proto, "sport": port})
-    return {"job": job_id, "policy": run.controller.sched, "hosts": [ip[h] for h in ports],
-            "layers": layer_table(run), "flows": flows}
-
-
-def register_job(fab: Fabric, run: Run, job_id: str, registered: list[dict]) -> dict[int, int]:
+def register_job(fab: Fabric, plan: RunPlan, registered: list[dict]) -> dict[int, int]:
     """Register the job's layer table and flows with the controller, whose scheduling policy
     turns them into DSCP classes; returns layer -> DSCP for the host apps (none for fifo).
     A fifo job is registered too when it marks droppable datagrams: the LE -> CS1 rule is the job's.
@@ -387,11 +323,10 @@ def register_job(fab: Fabric, run: Run, job_id: str, registered: list[dict]) -> 
     senders mark each message with its layer's class from the map returned here (a rewrite
     would erase that), and the controller only maps their lower-effort datagrams to CS1.
     The job document is appended to `registered` (to register it again after a restart)."""
-    if run.controller.sched == "fifo" and not run.job.drop_marking:
+    if plan.document is None:
         return {}
-    document = job_document(run, job_id, host_ips(fab, run))
-    job = fab.rest("/jobs", "POST", document)
-    registered.append(document)
+    job = fab.rest("/jobs", "POST", plan.document)
+    registered.append(plan.document)
     return {layer["index"]: layer["dscp"] for layer in job["layers"]}
 
 
@@ -404,23 +339,20 @@ def unregister_job(fab: Fabric, job_id: str) -> None:
             raise
 
 
-def launch_job(fab: Fabric, out: Path, run: Run, layer_dscp: dict[int, int],
+def launch_job(fab: Fabric, out: Path, plan: RunPlan, layer_dscp: dict[int, int],
                job_number: int) -> list[JobProcess]:
-    """The job's host apps, parameter-server shards first so the workers find them listening."""
-    config, job = run.config, run.job
-    ip = host_ips(fab, run)
+    """The job's host apps, in the plan's order: parameter-server shards first so the workers find
+    them listening."""
     # mlt senders mark each tensor's datagrams with its class themselves (TCP's are marked by the controller)
-    dscp = layer_dscp if job.transport == "mlt" else {}
-    roles = [("server", rank, host) for rank, host in enumerate(config.server_hosts)]
-    roles += [("worker", rank, host) for rank, host in enumerate(config.worker_hosts)]
+    dscp = layer_dscp if plan.run.job.transport == "mlt" else {}
     processes = []
-    for role, rank, host in roles:
-        directory = process_dir(out, run.run_id, host, role, rank)
+    for role, rank, host, config in plan.processes:
+        directory = process_dir(out, plan.run.run_id, host, role, rank)
         directory.mkdir(parents=True)
         cluster.make_dir(fab.host(host), str(directory))
         stdout, stderr = directory / "stdout.log", directory / "stderr.log"
         with open(stdout, "w") as out_file, open(stderr, "w") as err_file:
-            cfg = process_config(run, role, rank, ip, out=str(directory), job=job_number, layer_dscp=dscp)
+            cfg = dataclasses.replace(config, out=str(directory), job=job_number, layer_dscp=dscp)
             argv = [sys.executable, "-m", "hostapps", role, *process_arguments(cfg)]
             popen = fab.popen(host, argv, cwd=REPO, stdout=out_file, stderr=err_file)
         processes.append(JobProcess(directory.name, host, popen, stdout, stderr))

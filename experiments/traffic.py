@@ -7,7 +7,7 @@ pair's bytes split evenly over the fabric's shortest paths (what spraying does p
 does on average over flows; `single` puts each pair on one of them, which only loads links more),
 framing at the MTU included. Background flows, faults and retransmissions are not counted.
 
-Two bounds beside metrics.comm_lower_bound_s (the fluid one: host links only, equal shards):
+Three bounds: comm_lower_bound_s, the fluid one (host links only, equal shards), and two more:
 - link_bound_s: the busiest link direction of the whole fabric, host links at host_bw and switch
   links at fabric_bw, shards by their real bytes;
 - tail_comm_s: what must still cross after the last gradient is computed: the front layer (ready
@@ -22,13 +22,44 @@ from collections import defaultdict
 from functools import cache
 from typing import Sequence
 
-from experiments.metrics import wire_bytes_per_payload_byte
+from common.frames import ETHERNET_HEADER_BYTES
 from experiments.spec import Run, layout_of
+from hostapps.codec import DATAGRAM_HEADER_BYTES
 from hostapps.collectives import assign_shards
+from hostapps.mlt import IP_UDP_HEADER_BYTES, payload_for_mtu
 from topologies.layout import Layout
 
 LinkKey = frozenset  # a link as the pair of its end nodes' names
 Direction = tuple[str, str]  # a link's direction: (from node, to node)
+TCP_IP_HEADER_BYTES = 52  # IPv4 20 + TCP 20 + the timestamp option 12
+
+
+def wire_bytes_per_payload_byte(mtu: int, transport: str) -> float:
+    """What a link carries (Ethernet frames, as the shapers count them) per byte of tensor payload,
+    with full-size packets: TCP segments of mtu - 52 bytes, mlt datagrams of payload_for_mtu."""
+    if transport == "tcp":
+        return (mtu + ETHERNET_HEADER_BYTES) / (mtu - TCP_IP_HEADER_BYTES)
+    if transport == "mlt":
+        payload = payload_for_mtu(mtu)
+        return (payload + DATAGRAM_HEADER_BYTES + IP_UDP_HEADER_BYTES + ETHERNET_HEADER_BYTES) / payload
+    raise ValueError(f"transport: {transport!r} is not allowed (tcp or mlt)")
+
+
+def comm_lower_bound_s(mode: str, model_bytes: float, host_bw_mbps: float,
+                       workers: int, servers: int, mtu: int, transport: str) -> float:
+    """Analytical lower bound on one iteration's communication time, framing at the MTU included.
+
+    Ring all-reduce: every worker sends and receives 2(n-1)/n of the model over its link.
+    Parameter server with k shards: every worker pushes the whole model (S/B) and the shards
+    together receive n models over k links (n*S/(k*B)).
+    """
+    rate_bytes_per_s = host_bw_mbps * 1e6 / 8
+    seconds_per_model = model_bytes * wire_bytes_per_payload_byte(mtu, transport) / rate_bytes_per_s
+    if mode == "allreduce":
+        return 2 * (workers - 1) / workers * seconds_per_model
+    if mode == "ps":
+        return max(seconds_per_model, workers * seconds_per_model / servers)
+    raise ValueError(f"mode: {mode!r} is not allowed (allreduce or ps)")
 
 
 def host_traffic(run: Run, sizes: Sequence[int]) -> dict[Direction, float]:

@@ -69,6 +69,13 @@ def test_plan_prints_placement_crossing_links_and_traffic_per_iteration(capsys):
     assert "  links crossing servers: 0 of 8" in capsys.readouterr().out
 
 
+def test_plan_of_a_job_that_sends_nothing(capsys):
+    """One worker's all-reduce: its bound is 0 s (found by the generated specs: plan divided by it)."""
+    assert main(["plan", SMOKE, "--set", "job.workers=[h1]"]) == 0
+    assert "  mode=allreduce,rep=1      0.00 MB (0.00 MB) ->        - Mbit/s (-) in 0.0 ms" in \
+        capsys.readouterr().out.splitlines()
+
+
 def test_plot_needs_a_results_directory(tmp_path, capsys):
     assert main(["plot", str(tmp_path)]) == 2
     assert "has no runs.csv" in capsys.readouterr().err
@@ -159,3 +166,50 @@ def test_an_interrupt_while_the_runner_imports_arrives_once_it_is_imported(monke
     assert imported, "the interrupt cut the import short"
     assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
 
+
+
+@pytest.mark.parametrize("command", ["validate", "plan"])
+def test_validate_and_plan_load_no_network_nor_tables_nor_plots(command):
+    """They run where Mininet is not installed and answer at once: no Mininet, pandas or matplotlib."""
+    probe = ("import sys; from experiments.__main__ import main; code = main([sys.argv[1], sys.argv[2]]); "
+             "loaded = sorted({name.split('.')[0] for name in sys.modules} & {'mininet', 'pandas', 'matplotlib', "
+             "'emulation', 'ryu'}); print('loaded:', *loaded, file=sys.stderr); sys.exit(code)")
+    result = subprocess.run([sys.executable, "-c", probe, command, SMOKE], capture_output=True, text=True,
+                            cwd=REPO, timeout=60)
+    assert result.returncode == 0 and result.stdout.startswith("smoke: 2 runs")
+    assert result.stderr.splitlines()[-1] == "loaded:"
+
+
+CRASHED_ONCE_UP = {  # specs that validated, then failed every run once the fabric was up
+    "shards": ("topology: {leaves: 4}\njob: {mode: ps, servers: 5, model: {depth: 1}, batch: 3}\n",
+               "job.servers: 5 shards but the model has only 2 tensors"),
+    "slices": ("job: {mode: ps, model: {name: vgg16, scale: 0.1}, ps_slice_bytes: 1024}\n",
+               "job.ps_slice_bytes: 1024 bytes cut layer fc6"),
+    "live-rest": ("live: 8080\n", "live: 8080 is not allowed"),
+    "live-openflow": ("live: 6653\n", "live: 6653 is not allowed"),
+    "overlapping-faults": ("faults: [{kind: rate, link: h1-leaf1, at_s: 0, duration_s: 10, rate_mbps: 10}, "
+                           "{kind: rate, link: h1-leaf1, at_s: 5, duration_s: 10, rate_mbps: 20}]\n",
+                           "faults.1.at_s: 5.0 is not allowed"),
+    "labels-alike": ("matrix: {case: {baseline: 1, values: {1: {}, '1': {}}}}\n",
+                     "matrix.case.values: '1' is not allowed"),
+}
+
+
+@pytest.mark.parametrize("command", ["validate", "plan", "run"])
+@pytest.mark.parametrize("name", CRASHED_ONCE_UP)
+def test_a_spec_the_runner_would_fail_on_is_refused_before_any_network(tmp_path, capsys, monkeypatch, command, name):
+    monkeypatch.setitem(sys.modules, "experiments.runner", None)  # run: refused before the runner is imported
+    text, problem = CRASHED_ONCE_UP[name]
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    assert main([command, str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"spec error: {problem}") and captured.err.count("\n") == 1
+    assert captured.out == ""
+
+
+def test_run_refuses_the_controllers_ports_for_the_live_view(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "experiments.runner", None)
+    assert main(["run", SMOKE, "--live", "8080"]) == 2
+    assert capsys.readouterr().err == ("run: --live: 8080 is not allowed (a port 1024..65535 of 127.0.0.1 other "
+                                       "than the controller's OpenFlow 6653 and REST 8080)\n")

@@ -3,7 +3,7 @@ layer's forward and backward compute, so the controller's tictac policy is timed
 import pytest
 
 from controller.scheduling import layer_dscps, parse_job
-from experiments.runner import SERVER_PORT, WORKER_PORT, job_document
+from experiments.runplan import SERVER_PORT, WORKER_PORT, job_document
 from experiments.spec import parse_spec
 from hostapps.profiles import PROFILES, ProfileModel
 

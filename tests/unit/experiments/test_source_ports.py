@@ -1,6 +1,6 @@
 """TCP source ports drawn from a run's seed: every scheme's run of a repetition places its flows alike."""
 
-from experiments.runner import process_config
+from experiments.runplan import process_config
 from experiments.source_ports import BLOCK_PORTS, BLOCKS, FIRST_PORT, run_source_ports, source_port_blocks
 from experiments.spec import load_spec
 from helpers import FIXTURES, REPO

@@ -535,3 +535,74 @@ def test_random_text_loads_or_fails_as_yaml(text):
 def test_fixture_spec_loads():
     spec = load_spec(FIXTURES / "two_schemes.yaml")
     assert len(spec.runs) == 8
+
+
+FAULT = "{{kind: {kind}, link: {link}, at_s: {at}, duration_s: 10{extra}}}"
+EXTRA = {"loss": ", loss_percent: 1", "rate": ", rate_mbps: 10", "link_down": ""}
+
+
+@pytest.mark.parametrize("kind", ["loss", "rate", "link_down"])
+def test_overlapping_faults_of_one_kind_on_one_link_are_refused(kind):
+    """The link has one nftables table, one HTB rate and one carrier: the first fault's end would end
+    the second's condition too, unrecorded."""
+    faults = [FAULT.format(kind=kind, link="h1-leaf1", at=0, extra=EXTRA[kind]),
+              FAULT.format(kind=kind, link="leaf1-h1", at=5, extra=EXTRA[kind])]
+    with pytest.raises(SpecError) as error:
+        parse_spec(yaml.safe_load(f"faults: [{', '.join(faults)}]"))
+    assert str(error.value) == (
+        f"spec error: faults.1.at_s: 5.0 is not allowed (a time outside 0..10 s, when faults.0 holds the same "
+        f"link with a {kind} fault: a link has one loss rule, one rate and one carrier, the end of one fault "
+        "would end the other's)")
+
+
+def test_faults_of_one_link_may_follow_each_other_or_differ_in_kind():
+    faults = [FAULT.format(kind="loss", link="h1-leaf1", at=0, extra=EXTRA["loss"]),
+              FAULT.format(kind="loss", link="h1-leaf1", at=10, extra=EXTRA["loss"]),
+              FAULT.format(kind="rate", link="h1-leaf1", at=5, extra=EXTRA["rate"]),
+              FAULT.format(kind="loss", link="h2-leaf1", at=5, extra=EXTRA["loss"])]
+    assert len(parse_spec(yaml.safe_load(f"faults: [{', '.join(faults)}]")).runs[0].config.faults) == 4
+
+
+@pytest.mark.parametrize("labels,message", [
+    ("{1: {}, '1': {}}", "matrix.case.values: '1' is not allowed (labels that print apart: 1 prints as 1 too)"),
+    ("{1.0: {}, '1.0': {}}", "matrix.case.values: '1.0' is not allowed (labels that print apart: 1.0 prints as "
+                             "1.0 too)"),
+    ("{true: {}, 'true': {}}", "matrix.case.values: 'true' is not allowed (labels that print apart: true prints "
+                               "as true too)"),
+    ("{null: {}, 'null': {}}", "matrix.case.values: 'null' is not allowed (labels that print apart: null prints "
+                               "as null too)"),
+    ("[1, '1']", "matrix.case.values: '1' is not allowed (labels that print apart: 1 prints as 1 too)"),
+])
+def test_matrix_labels_that_print_alike_are_refused(labels, message):
+    field = "field: job.seed, " if labels.startswith("[") else ""
+    with pytest.raises(SpecError) as error:
+        parse_spec(yaml.safe_load(f"matrix: {{case: {{{field}values: {labels}}}}}"))
+    assert str(error.value) == f"spec error: {message}"
+
+
+def test_matrix_baseline_is_the_label_as_printed():
+    spec = parse_spec(yaml.safe_load("job: {transport: mlt, loss_bound: 0.1}\nmatrix: {marks: {field: "
+                                     "job.drop_marking, values: [false, true], baseline: false}}"))
+    assert spec.baseline == ("marks", "false")
+    spec = parse_spec(yaml.safe_load("matrix: {case: {values: {null: {}, x: {}}, baseline: null}}"))
+    assert [run.run_id for run in spec.runs] == ["case=null,rep=1", "case=x,rep=1"] and spec.baseline is None
+
+
+@pytest.mark.parametrize("text,line", [
+    ("job: {seed: 1, seed: 2}", 1),
+    ("matrix:\n  case:\n    values: {1: {}, 1.0: {}}", 3),
+    ("matrix:\n  case:\n    values: {1: {}, true: {}}", 3),
+])
+def test_a_key_twice_in_one_mapping_is_refused(tmp_path, text, line):
+    """YAML would keep the last value silently (and 1, 1.0 and true are one key to Python)."""
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError, match=rf"^spec error: {path}: is not valid YAML \(found the key .+ twice in one "
+                                        rf"mapping.* line {line}, column \d+"):
+        load_spec(path)
+
+
+def test_merge_keys_may_be_overridden(tmp_path):
+    path = tmp_path / "spec.yaml"
+    path.write_text("job: {<<: {seed: 1, lr: 0.1}, seed: 2}\n")
+    assert load_spec(path).runs[0].job.seed == 2

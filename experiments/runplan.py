@@ -1,0 +1,264 @@
+"""What each run of a spec will do, worked out from the spec alone: its host-app processes (role,
+rank, host and config), the model's layer table, the job document the controller is given, the
+bounds its traffic puts on an iteration, and the fabric it runs on (consecutive runs with one
+fabric key share one fabric). No network, no Mininet, no pandas.
+
+`dry_run` plans every run and checks what only a plan can tell: that the host apps take their
+configs and build the model (as many shards as it has tensors, PS slices the message step field can
+number), that the controller takes the job document, that the job's processes fit this machine's
+memory, that the live view's port is not the controller's. `validate`, `plan` and `run` call it
+before any network exists: whatever validates, runs (a failure at run time fails that run alone).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from common.schema import SchemaError
+from controller.scheduling import describe_job, parse_job
+from experiments import traffic
+from experiments.source_ports import run_source_ports
+from experiments.spec import Job, Run, Spec, SpecError, Topology, layout_of, not_allowed
+from hostapps.config import ConfigError, Model, ProcessConfig, Training, build_model, config_from_args, \
+    layer_times_s, process_arguments
+from hostapps.mlt import payload_for_mtu
+from topologies.cluster import LOCAL, placement
+
+WORKER_PORT = 7000
+SERVER_PORT = 7100
+PEER_TIMEOUT_S = 30.0   # host apps fail when a peer stays silent this long
+# The controller the runner starts with each fabric listens on 127.0.0.1 (OpenFlow, REST).
+OPENFLOW_PORT = 6653
+REST_PORT = 8080
+# A host app's private memory at start (numpy and the digits; measured), before its model's buffers.
+PROCESS_BASE_BYTES = 21 * 2**20
+MEMINFO = Path("/proc/meminfo")
+# Host-app flags that are set from other spec fields than job.<flag>.
+FLAG_FIELDS = {"link_mbps": "topology.host_bw", "mtu_payload": "topology.mtu"}
+
+
+class Process(NamedTuple):
+    """One host-app process of a run: its config lacks only what the run decides as it starts
+    (its records' directory, the job number in its frames, the controller's DSCP per layer)."""
+    role: str
+    rank: int
+    host: str
+    config: ProcessConfig
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    run: Run
+    job_id: str                      # the job's id at the controller
+    processes: list[Process]         # parameter-server shards first, then the workers, by rank
+    layers: list[dict]               # the layer table (layer_table)
+    document: dict[str, Any] | None  # the job document registered with the controller; None: not registered
+    lower_bound_s: float             # experiments/metrics.py's analytical bound on an iteration's communication
+    bounds: dict[str, float]         # experiments/traffic.py's: link_bound_s, tail_comm_s
+
+    @property
+    def layer_sizes(self) -> list[int]:
+        """The job's layer bytes, front layer first."""
+        return [layer["bytes"] for layer in self.layers]
+
+
+def fabric_key(run: Run) -> tuple:
+    """Runs with equal keys can share a fabric."""
+    servers = run.config.cluster
+    return (run.topology, run.controller.lb, run.controller.stats_interval_s, tuple(servers.servers),
+            servers.placement)
+
+
+def fabric_params(topology: Topology) -> dict:
+    """The Topo's parameters (topologies/leafspine.py) for the spec's topology."""
+    common = {"mtu": topology.mtu, "tcp_cc": topology.tcp_cc}
+    if topology.kind == "fattree":
+        return {"k": topology.k, "bw": topology.host_bw, **common}
+    return {"spines": topology.spines, "leaves": topology.leaves, "hosts": topology.hosts_per_leaf,
+            "host_bw": topology.host_bw, "fabric_bw": topology.fabric_bw, **common}
+
+
+def host_ips(run: Run) -> dict[str, str]:
+    """Each host's address, as the fabric's layout gives it to every build of the fabric."""
+    return {node.name: node.ip for node in layout_of(run.topology).hosts}
+
+
+def process_config(run: Run, role: str, rank: int, ip: dict[str, str], **process: Any) -> ProcessConfig:
+    """One process of the run's job: the spec's training knobs as they are, the peers' addresses and
+    the fabric's facts (link rate for pacing and profile timing, datagram payload at the MTU, and whether
+    mlt sprays: a source port per datagram under lb spray, else one, a flow per peer as TCP's)."""
+    config = run.config
+    training = {field.name: getattr(run.job, field.name) for field in dataclasses.fields(Training)}
+    ports, _ = run_source_ports(config)
+    index = rank if role == "server" else len(config.server_hosts) + rank
+    if config.controller.lb != "spray":
+        process.setdefault("sport_range", 1)
+    return ProcessConfig(**training, role=role, rank=rank, source_port=ports[index],
+                         workers=[(ip[host], WORKER_PORT) for host in config.worker_hosts],
+                         servers=[(ip[host], SERVER_PORT) for host in config.server_hosts],
+                         timeout=PEER_TIMEOUT_S, link_mbps=config.topology.host_bw,
+                         mtu_payload=payload_for_mtu(config.topology.mtu), **process)
+
+
+def processes(run: Run) -> list[Process]:
+    """The job's host apps, parameter-server shards first so the workers find them listening."""
+    config, ip = run.config, host_ips(run)
+    roles = [("server", rank, host) for rank, host in enumerate(config.server_hosts)]
+    roles += [("worker", rank, host) for rank, host in enumerate(config.worker_hosts)]
+    return [Process(role, rank, host, process_config(run, role, rank, ip)) for role, rank, host in roles]
+
+
+def layer_table(run: Run) -> list[dict]:
+    """The job's layers as the host apps build the model: index, name, bytes, and a worker's
+    forward and backward compute in milliseconds (what the tictac policy times its classes by).
+    ConfigError when the host apps would refuse the model."""
+    config = process_config(run, "worker", 0, host_ips(run))
+    table = _layer_table(config.model, config.backward, config.link_mbps, config.mode, len(config.servers),
+                         config.ps_slice_bytes, config.batch // config.world)
+    return [dict(layer) for layer in table]
+
+
+@lru_cache(maxsize=64)
+def _layer_table(model: Model, backward: str, link_mbps: float, mode: str, servers: int, ps_slice_bytes: int,
+                 rows: int) -> tuple[dict, ...]:
+    """layer_table by what it depends on (not the seed: it sets the values, not the sizes or times)."""
+    config = ProcessConfig(model=model, backward=backward, link_mbps=link_mbps, mode=mode, role="worker",
+                           rank=0, workers=[("127.0.0.1", WORKER_PORT)],
+                           servers=[("127.0.0.1", SERVER_PORT + shard) for shard in range(servers)],
+                           ps_slice_bytes=ps_slice_bytes)
+    built = build_model(config)
+    forward_s, backward_s = layer_times_s(built, rows)
+    return tuple({"index": i, "name": layer.name, "bytes": int(layer.size) * 4,
+                  "fwd_ms": forward_s[i] * 1000, "bwd_ms": backward_s[i] * 1000}
+                 for i, layer in enumerate(built.layers))
+
+
+def registers_job(run: Run) -> bool:
+    """Whether the runner registers the job with the controller: for a class policy, or for the LE -> CS1
+    rule of a fifo job that marks droppable datagrams."""
+    return run.controller.sched != "fifo" or run.job.drop_marking
+
+
+def job_document(run: Run, job_id: str, ip: dict[str, str], layers: list[dict] | None = None) -> dict:
+    """The job as `POST /jobs` takes it (controller/scheduling.py): its policy, hosts, layer table
+    and, with TCP, its connections each way between every two of its processes."""
+    config = run.config
+    proto = "udp" if run.job.transport == "mlt" else "tcp"
+    ports = {host: WORKER_PORT for host in config.worker_hosts}
+    ports.update({host: SERVER_PORT for host in config.server_hosts})
+    flows = []
+    for src in ports if proto == "tcp" else ():
+        for dst, port in ports.items():
+            if src != dst:  # to the peer's listening port, and the answers from it
+                flows.append({"src": ip[src], "dst": ip[dst], "proto": proto, "dport": port})
+                flows.append({"src": ip[dst], "dst": ip[src], "proto": proto, "sport": port})
+    return {"job": job_id, "policy": run.controller.sched, "hosts": [ip[h] for h in ports],
+            "layers": layer_table(run) if layers is None else layers, "flows": flows}
+
+
+def lower_bound_s(run: Run, sizes: list[int]) -> float:
+    """The analytical bound on the run's communication per iteration (experiments/metrics.py)."""
+    config = run.config
+    return traffic.comm_lower_bound_s(run.job.mode, sum(sizes), config.topology.host_bw, len(config.worker_hosts),
+                              max(1, len(config.server_hosts)), config.topology.mtu, run.job.transport)
+
+
+def traffic_bounds(run: Run, sizes: list[int]) -> dict[str, float]:
+    """The bounds the job's traffic puts on an iteration, for its run.json (experiments/traffic.py)."""
+    return {"link_bound_s": traffic.link_bound_s(run, sizes), "tail_comm_s": traffic.tail_comm_s(run, sizes)}
+
+
+def plan_run(run: Run) -> RunPlan:
+    """What the run will do; a SpecError naming the field when the host apps or the controller would
+    refuse it."""
+    try:
+        planned = processes(run)
+        for process in planned:
+            process.config.validate()
+        for role in ("server", "worker"):  # the command line each host app reads back, one of each role
+            first = next((process for process in planned if process.role == role), None)
+            if first is not None:
+                config_from_args([role, *process_arguments(first.config)])
+        layers = layer_table(run)
+    except ConfigError as error:
+        flag = error.path.lstrip("-").replace("-", "_")
+        known = {field.name for field in dataclasses.fields(Job)}
+        field = FLAG_FIELDS.get(flag, f"job.{flag}" if flag in known else "job")
+        raise SpecError(field, f"{error.problem} (the host apps would refuse {error.path or 'the job'})") from None
+    job_id = f"run{run.index}"
+    document = job_document(run, job_id, host_ips(run), layers) if registers_job(run) else None
+    if document is not None:
+        try:
+            describe_job(parse_job(document))  # what the controller does with POST /jobs
+        except SchemaError as error:
+            field = {"layers": "job.model", "flows": "job.workers", "hosts": "job.workers"}.get(
+                error.path.split(".")[0], "job")
+            raise SpecError(field, f"the controller refuses the job: {error.path}: {error.problem}") from None
+    sizes = [layer["bytes"] for layer in layers]
+    plan = RunPlan(run, job_id, planned, layers, document, lower_bound_s(run, sizes), traffic_bounds(run, sizes))
+    check_memory(plan)
+    return plan
+
+
+def machine_memory_bytes() -> int | None:
+    """This machine's memory (MemTotal); None when it cannot be read."""
+    try:
+        for line in MEMINFO.read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def memory_needed_bytes(plan: RunPlan) -> int:
+    """Least memory the job's processes on the busiest server take: each holds its base, and every
+    worker the model's parameters and gradients (8 bytes a parameter), each shard its share of them."""
+    config = plan.run.config
+    model_bytes = 2 * sum(plan.layer_sizes)
+    where = placement(layout_of(config.topology), config.cluster.servers or [LOCAL], config.cluster.placement)
+    needed: dict[str, int] = {}
+    for process in plan.processes:
+        share = model_bytes if process.role == "worker" else model_bytes // len(config.server_hosts)
+        needed[where[process.host]] = needed.get(where[process.host], 0) + PROCESS_BASE_BYTES + share
+    return max(needed.values())
+
+
+def check_memory(plan: RunPlan) -> None:
+    available = machine_memory_bytes()
+    needed = memory_needed_bytes(plan)
+    if available is not None and needed > available:
+        job = plan.run.job
+        raise not_allowed("job.model", dataclasses.asdict(job.model),
+                          f"its {len(plan.processes)} host-app processes need at least {needed / 2**30:.1f} GiB "
+                          f"(every worker holds the model's parameters and gradients, 8 bytes a parameter, "
+                          f"{2 * sum(plan.layer_sizes) / 2**30:.2f} GiB here), more than this machine's "
+                          f"{available / 2**30:.1f} GiB")
+
+
+def check_live_port(port: int | None, field: str = "live") -> None:
+    """The live view's port: not one the controller listens on (it would not start, nor would any fabric)."""
+    if port is None:
+        return
+    if not 1024 <= port <= 65535 or port in (OPENFLOW_PORT, REST_PORT):
+        raise not_allowed(field, port, f"a port 1024..65535 of 127.0.0.1 other than the controller's "
+                          f"OpenFlow {OPENFLOW_PORT} and REST {REST_PORT}")
+
+
+def dry_run(spec: Spec) -> list[RunPlan]:
+    """Every run's plan, as the runner will compute it; a SpecError (one line naming the field, and
+    the run when the spec has a matrix) for anything the runner would fail on before its first fabric."""
+    check_live_port(spec.header.live)
+    plans = []
+    for run in spec.runs:
+        try:
+            plans.append(plan_run(run))
+        except SpecError as error:
+            if not spec.axes:
+                raise
+            point = ",".join(f"{axis}={label}" for axis, label in run.axes.items())
+            raise SpecError(error.path, f"{error.problem} (in run {point})") from None
+    return plans

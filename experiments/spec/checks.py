@@ -1,0 +1,95 @@
+"""The rules that span fields of one run's config, checked on what the schema built."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from experiments.spec.errors import SpecError, not_allowed
+from experiments.spec.schema import Fault, RunConfig
+from experiments.spec.topology import check_topology, layout_of, topology_links
+from hostapps.config import check_training
+from topologies.cluster import ClusterError, placement
+
+
+def check_config(config: RunConfig) -> None:
+    """The rules that span fields: the fabric fits, hosts exist, placements fit, faults name real links."""
+    check_topology(config.topology)
+    hosts = config.hosts
+    job = config.job
+    for name in ("workers", "servers"):
+        value = getattr(job, name)
+        if isinstance(value, list):
+            for index, host in enumerate(value):
+                if host not in hosts:
+                    raise not_allowed(f"job.{name}.{index}", host, f"a host of h1..h{len(hosts)}")
+        elif isinstance(value, int) and value > len(hosts):
+            raise not_allowed(f"job.{name}", value, f"at most the {len(hosts)} hosts of the topology")
+    servers = config.server_hosts
+    if job.mode == "ps" and len(servers) >= len(hosts):
+        raise not_allowed("job.servers", job.servers, f"fewer than the {len(hosts)} hosts, workers need one")
+    shared = sorted(set(servers) & set(job.workers if isinstance(job.workers, list) else []))
+    if shared:
+        raise not_allowed("job.workers", job.workers, f"hosts apart from the servers {', '.join(servers)}")
+    if isinstance(job.workers, int) and job.workers + len(servers) > len(hosts):
+        raise not_allowed("job.workers", job.workers, f"at most {len(hosts) - len(servers)}: "
+                          f"{len(hosts)} hosts, {len(servers)} of them servers")
+    workers = len(config.worker_hosts)
+    if job.batch % workers:
+        raise not_allowed("job.batch", job.batch, f"a multiple of the {workers} workers, the global batch "
+                          "splits evenly over them")
+    if job.iterations < 3:
+        raise not_allowed("job.iterations", job.iterations, "at least 3: the first iteration is start-up, the "
+                          "last drains the final round, the metrics need one between")
+    check_training(job, lambda name: f"job.{name}", SpecError)
+    if job.spray != "adaptive" and config.controller.lb != "spray":
+        raise not_allowed("job.spray", job.spray, "adaptive unless controller.lb spray: on a per-flow fabric mlt "
+                          "sends each peer's datagrams from one source port, there is nothing to spray")
+    topology = config.topology
+    if config.cluster.servers:
+        try:
+            placement(layout_of(topology), config.cluster.servers, config.cluster.placement)
+        except ClusterError as error:
+            path, _, problem = str(error).partition(": ")
+            raise SpecError(path, problem) from None
+    if topology.kind == "fattree" and topology.fabric_bw != topology.host_bw:
+        raise not_allowed("topology.fabric_bw", topology.fabric_bw,
+                          f"the host_bw {topology.host_bw:g}: all links of a fat-tree have one rate")
+    for index, flow in enumerate(config.background):
+        sources = [flow.src] if isinstance(flow.src, str) else flow.src
+        ends = [("src", flow.src)] if isinstance(flow.src, str) else [
+            (f"src.{i}", host) for i, host in enumerate(flow.src)]
+        for end, name in ends + [("dst", flow.dst)]:
+            if name not in hosts:
+                raise not_allowed(f"background.{index}.{end}", name, f"a host of h1..h{len(hosts)}")
+        if flow.dst in sources:
+            raise not_allowed(f"background.{index}.dst", flow.dst, "a host other than the sources")
+    links = topology_links(config.topology) if config.faults else set()
+    held: dict[tuple[str, frozenset[str]], list[tuple[int, Fault]]] = {}  # faults by kind and link
+    for index, fault in enumerate(config.faults):
+        path = f"faults.{index}"
+        link = frozenset(fault.link.split("-", 1))
+        if link not in links or fault.link.count("-") != 1:
+            example = "-".join(sorted(next(iter(sorted(links, key=sorted)))))
+            raise not_allowed(f"{path}.link", fault.link, f"a link of the topology written a-b, e.g. {example}")
+        for other, earlier in held.get((fault.kind, link), []):
+            end = earlier.at_s + earlier.duration_s
+            if fault.at_s < end and earlier.at_s < fault.at_s + fault.duration_s:
+                raise not_allowed(f"{path}.at_s", fault.at_s, f"a time outside {earlier.at_s:g}..{end:g} s, when "
+                                  f"faults.{other} holds the same link with a {fault.kind} fault: a link has one loss "
+                                  "rule, one rate and one carrier, the end of one fault would end the other's")
+        held.setdefault((fault.kind, link), []).append((index, fault))
+        for name, kind in (("loss_percent", "loss"), ("rate_mbps", "rate")):
+            given = getattr(fault, name) is not None
+            if given and fault.kind != kind:
+                raise not_allowed(f"{path}.{name}", getattr(fault, name), f"only with kind {kind}")
+            if not given and fault.kind == kind:
+                allowed = next(f for f in dataclasses.fields(Fault) if f.name == name).metadata["allowed"]
+                raise SpecError(f"{path}.{name}", f"missing ({allowed})")
+
+
+def get_field(config: Any, dotted: str) -> Any:
+    """config.a.b for dotted key 'a.b'."""
+    for part in dotted.split("."):
+        config = getattr(config, part)
+    return config
+

@@ -1,0 +1,98 @@
+"""The matrix: each axis is a name with values; scalar values set one dotted field, mapping values
+are labelled sets of dotted-field overrides. The runs are the cartesian product of the axes times
+the repetitions (experiments/spec/runs.py), each with a stable run_id such as
+`scheme=spray,mode=ps,rep=1`.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from common import schema
+from common.schema import show
+from experiments.columns import CONFIG_COLUMNS, RESERVED_COLUMNS
+from experiments.spec.errors import SpecError, not_allowed
+from experiments.spec.schema import CONFIG_KEYS, HEADER_KEYS, LABEL_PATTERN
+
+AXIS_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# The matrix is sized before it is expanded.
+MAX_AXES = 6
+MAX_RUNS = 1000
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One matrix axis: labelled override sets (dotted field -> value), in spec order."""
+    name: str
+    values: dict[str, dict[str, Any]]
+    baseline: str | None = None
+
+
+def label_of(value: Any) -> str:
+    """A matrix label as the spec prints it: a string as it is, any other scalar as YAML writes it."""
+    return value if isinstance(value, str) else show(value)
+
+
+def _labelled(path: str, items: list[tuple[Any, dict]]) -> dict[str, dict]:
+    """Override sets by label; two labels that print alike (1 and '1', null and 'null') would be one run."""
+    values: dict[str, dict] = {}
+    keys: dict[str, Any] = {}
+    for key, overrides in items:
+        label = label_of(key)
+        if label in values:
+            raise not_allowed(f"{path}.values", key, f"labels that print apart: {show(keys[label])} prints as "
+                              f"{label} too")
+        values[label], keys[label] = overrides, key
+    return values
+
+
+def _unknown(path: str, key: Any, known: list[str]) -> tuple[str, str]:
+    error = schema.unknown_key(path, key, known)
+    return error.path, error.problem
+
+
+def parse_axis(name: Any, raw: Any) -> Axis:
+    path = f"matrix.{name}"
+    if not isinstance(name, str) or not AXIS_NAME_PATTERN.fullmatch(name):
+        raise not_allowed("matrix", name, "axis names of letters, digits and _, not starting with a digit")
+    known = ["field", "values", "baseline"]
+    if not isinstance(raw, dict):
+        raise not_allowed(path, raw, "a mapping with values and optionally field and baseline")
+    for key in raw:
+        if key not in known:
+            raise SpecError(*_unknown(path, key, known))
+    raw_values = raw.get("values")
+    if isinstance(raw_values, list) and raw_values:
+        field_name = raw.get("field")
+        if not isinstance(field_name, str):
+            raise not_allowed(f"{path}.field", field_name, "the dotted field the scalar values set")
+        for index, value in enumerate(raw_values):
+            if isinstance(value, (dict, list)) or value is None:
+                raise not_allowed(f"{path}.values.{index}", value, f"a scalar for {field_name}")
+        values = _labelled(path, [(value, {field_name: value}) for value in raw_values])
+    elif isinstance(raw_values, dict) and raw_values:
+        if "field" in raw:
+            raise not_allowed(f"{path}.field", raw["field"], "only with a list of scalar values")
+        for label, overrides in raw_values.items():
+            if overrides is not None and not isinstance(overrides, dict):
+                raise not_allowed(f"{path}.values.{label_of(label)}", overrides,
+                                  "a mapping of dotted fields to values, e.g. {controller.lb: spray}")
+        values = _labelled(path, [(label, overrides or {}) for label, overrides in raw_values.items()])
+    else:
+        raise not_allowed(f"{path}.values", raw_values,
+                          "a non-empty list of scalars (with field) or mapping of labels to overrides")
+    for label, overrides in values.items():
+        if not LABEL_PATTERN.fullmatch(label):
+            raise not_allowed(f"{path}.values", label, "labels of letters, digits and _.+-")
+        for key in overrides:
+            if str(key).split(".")[0] in HEADER_KEYS:
+                raise not_allowed(f"{path}.values.{label}", key, "fields of " + ", ".join(CONFIG_KEYS))
+    baseline = raw.get("baseline")
+    if baseline is not None and label_of(baseline) not in values:
+        raise not_allowed(f"{path}.baseline", baseline, f"one of {', '.join(values)}")
+    if name in RESERVED_COLUMNS or (name in CONFIG_COLUMNS and raw.get("field") != CONFIG_COLUMNS[name]):
+        raise not_allowed("matrix", name, "an axis name that is not a runs.csv column, unless it "
+                          f"is the scalar axis over that column's field ({CONFIG_COLUMNS.get(name, '-')})")
+    return Axis(name, values, None if baseline is None else label_of(baseline))
+

@@ -1,0 +1,154 @@
+"""A spec's runs: the header, the base config (spec plus `--set`), and every point of the matrix
+times the repetitions, each validated as a whole `RunConfig`.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from experiments.spec.checks import check_config
+from experiments.spec.errors import SpecError, build, not_allowed
+from experiments.spec.matrix import MAX_AXES, MAX_RUNS, Axis, parse_axis
+from experiments.spec.overrides import apply_sets, set_dotted
+from experiments.spec.reading import read_document, shape_problem, value_parts
+from experiments.spec.schema import HEADER_KEYS, Controller, Header, Job, RunConfig, Topology
+from hostapps.config import U32
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run of the experiment: a point of the matrix and a repetition."""
+    run_id: str          # e.g. "scheme=spray,mode=ps,rep=1": axis=label parts, then rep
+    index: int           # 0-based position in the run order
+    rep: int             # 1-based repetition
+    axes: dict[str, str]  # axis name -> value label, in axis order
+    config: RunConfig    # fully resolved: base spec + --set + this point's overrides
+
+    @property
+    def topology(self) -> Topology:
+        return self.config.topology
+
+    @property
+    def controller(self) -> Controller:
+        return self.config.controller
+
+    @property
+    def job(self) -> Job:
+        return self.config.job
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: run_id, index, rep, axes, config, and the resolved host placement."""
+        return {
+            "run_id": self.run_id, "index": self.index, "rep": self.rep, "axes": dict(self.axes),
+            "config": dataclasses.asdict(self.config),
+            "worker_hosts": self.config.worker_hosts, "server_hosts": self.config.server_hosts,
+        }
+
+
+@dataclass(frozen=True)
+class Spec:
+    header: Header
+    base: RunConfig      # the spec without the matrix (after --set)
+    axes: list[Axis]
+    runs: list[Run]
+
+    @property
+    def name(self) -> str:
+        return self.header.name
+
+    @property
+    def baseline(self) -> tuple[str, str] | None:
+        """(axis name, label) that speedups are measured against, if an axis marks one."""
+        return next(((axis.name, axis.baseline) for axis in self.axes if axis.baseline), None)
+
+    def resolved_document(self) -> dict[str, Any]:
+        """The spec with every default filled in; parse_spec of it gives the same runs."""
+        return {
+            "name": self.header.name, "description": self.header.description,
+            **dataclasses.asdict(self.base),
+            "repetitions": self.header.repetitions, "matrix": copy.deepcopy(self.header.matrix),
+        }
+
+
+def run_id(axes: dict[str, str], rep: int) -> str:
+    return ",".join([f"{axis}={label}" for axis, label in axes.items()] + [f"rep={rep}"])
+
+
+def scheme_of(run_id: str) -> str:
+    """A run_id without its rep and mode parts: the configuration compared within a mode."""
+    parts = [part for part in run_id.split(",") if part.split("=")[0] not in ("rep", "mode")]
+    return ",".join(parts) or "base"
+
+
+def _resolve(document: dict, base: RunConfig | None = None, sections: set[str] = frozenset()) -> RunConfig:
+    """The checked RunConfig of a document; with base, only its sections named in `sections` are
+    built (the others are base's, built from the same values)."""
+    config_document = {key: value for key, value in document.items()
+                       if key not in HEADER_KEYS and (base is None or key in sections)}
+    config = build(RunConfig, config_document, also_known=HEADER_KEYS, base=base)
+    check_config(config)
+    return config
+
+
+def parse_spec(document: Any, sets: list[str] = ()) -> Spec:
+    """Validate a raw spec document (plus --set overrides) and expand its runs."""
+    if not isinstance(document, dict):
+        raise not_allowed("spec", document, "a YAML mapping with topology, controller, job, ...")
+    problem = shape_problem(document, value_parts)
+    if problem:
+        raise SpecError(problem[0] or "spec", problem[1])
+    document = copy.deepcopy(document)
+    apply_sets(document, list(sets))
+    header = build(Header, {key: document[key] for key in HEADER_KEYS if key in document})
+    if len(header.matrix) > MAX_AXES:
+        raise not_allowed("matrix", list(header.matrix), f"at most {MAX_AXES} axes")
+    base = _resolve(document)
+    axes = [parse_axis(name, raw) for name, raw in header.matrix.items()]
+    if sum(axis.baseline is not None for axis in axes) > 1:
+        raise not_allowed("matrix", [axis.name for axis in axes if axis.baseline], "a baseline on one axis at most")
+    point_count = math.prod(len(axis.values) for axis in axes)
+    if point_count > MAX_RUNS:
+        raise SpecError("matrix", f"{point_count} points is not allowed (at most {MAX_RUNS} runs in all)")
+    if point_count * header.repetitions > MAX_RUNS:
+        raise not_allowed("repetitions", header.repetitions, f"at most {MAX_RUNS // point_count} with the "
+                          f"matrix's {point_count} points: at most {MAX_RUNS} runs in all")
+    points = itertools.product(*[list(axis.values) for axis in axes])
+    resolved = []
+    for labels in points:
+        point = dict(zip([axis.name for axis in axes], labels))
+        overrides = [(str(key), value) for axis in axes for key, value in axis.values[point[axis.name]].items()]
+        # Only the sections a point overrides are copied and validated again: a big background
+        # list is checked once, not once per point.
+        sections = {key.split(".")[0] for key, _ in overrides}
+        point_document = {key: copy.deepcopy(value) if key in sections else value for key, value in document.items()}
+        for key, value in overrides:
+            set_dotted(point_document, key, value)
+        try:
+            resolved.append((point, _resolve(point_document, base, sections)))
+        except SpecError as error:
+            point_name = ",".join(f"{axis}={label}" for axis, label in point.items())
+            raise SpecError(error.path, f"{error.problem} (in run {point_name})") from None
+    # Repetitions outermost: each scheme is measured once before any is measured again,
+    # so slow drift of the host affects every scheme alike. Seeds differ per repetition
+    # and are equal across schemes, making repetitions paired comparisons.
+    runs = []
+    for point, config in resolved:
+        if config.job.seed + header.repetitions - 1 > U32:
+            raise not_allowed("job.seed", config.job.seed, f"at most {U32 + 1 - header.repetitions} with "
+                              f"{header.repetitions} repetitions: seeds grow by one per repetition up to "
+                              "2**32 - 1")
+    for rep in range(1, header.repetitions + 1):
+        for point, config in resolved:
+            job = dataclasses.replace(config.job, seed=config.job.seed + rep - 1)
+            runs.append(Run(run_id(point, rep), len(runs), rep, point, dataclasses.replace(config, job=job)))
+    return Spec(header, base, axes, runs)
+
+
+def load_spec(path: str | Path, sets: list[str] = ()) -> Spec:
+    """Read, validate and expand a YAML spec file."""
+    return parse_spec(read_document(path), sets)

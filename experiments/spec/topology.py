@@ -1,0 +1,95 @@
+"""The fabric a spec describes: its node names and links from the fabric's layout
+(topologies/layout.py), and its size checked against the DPID plan, OpenFlow port numbers, Linux
+interface names and this machine before anything counts or names its nodes.
+
+Hosts are h1..hN leaf by leaf; leaf-spine switches leaf1.., spine1..; fat-tree switches edge1..,
+agg1.., core1.. pod by pod. A link is written `a-b` in either order.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from experiments.spec.errors import SpecError, not_allowed
+from topologies.layout import MAX_PER_TIER, Layout, fat_tree, leaf_spine
+
+if TYPE_CHECKING:
+    from experiments.spec.schema import Topology
+
+# Fabric sizes. Limits of the fabric's conventions: a tier of switches has MAX_PER_TIER DPIDs
+# (topologies/layout.py); a switch's port numbers stay well inside OpenFlow's 0xff00 (this
+# one is not a constant of topologies/); Mininet names port n of a switch `<switch>-eth<n>`, and
+# Linux interface names have at most IFNAMSIZ - 1 characters.
+MAX_SWITCH_PORTS = 1024
+IFNAME_CHARS = 15
+# Limits of this machine (2 cores, 24 GB): every host may run a host app, ~21 MB of private memory at
+# start (numpy and the digits; measured) plus its model's and transport's buffers; one ovs-vswitchd thread
+# forwards every packet of every switch, and a 4x8x4 leaf-spine (12 switches) already takes
+# ~7 s to build and start (docs/platform.md).
+MACHINE_HOSTS = 128
+MACHINE_SWITCHES = 64
+
+
+def layout_of(topology: Topology) -> Layout:
+    """The fabric's nodes and links (topologies/layout.py), once check_topology passed."""
+    if topology.kind == "fattree":
+        return fat_tree(topology.k)
+    return leaf_spine(topology.spines, topology.leaves, topology.hosts_per_leaf)
+
+
+def host_names(topology: Topology) -> list[str]:
+    return [node.name for node in layout_of(topology).hosts]
+
+
+def _host_count(topology: Topology) -> int:
+    """Counted, not listed: check_topology caps sizes before anything is built."""
+    if topology.kind == "fattree":
+        return topology.k ** 3 // 4
+    return topology.leaves * topology.hosts_per_leaf
+
+
+def topology_links(topology: Topology) -> set[frozenset[str]]:
+    """Every link of the fabric as the unordered pair of its end nodes' names."""
+    return {link.names for link in layout_of(topology).links}
+
+
+def _tiers(topology: Topology) -> list[tuple[str, int, int, str, str]]:
+    """Each tier of switches: (name prefix, switches, ports of each, the field sizing the tier,
+    the ports' count in fields, the first of which is blamed for too many)."""
+    if topology.kind == "fattree":
+        k, half = topology.k, topology.k // 2
+        return [("edge", k * half, k, "k", "k"), ("agg", k * half, k, "k", "k"), ("core", half * half, k, "k", "k")]
+    return [("leaf", topology.leaves, topology.hosts_per_leaf + topology.spines, "leaves", "hosts_per_leaf + spines"),
+            ("spine", topology.spines, topology.leaves, "spines", "leaves")]
+
+
+def check_topology(topology: Topology) -> None:
+    """The fabric's size within its DPID plan, OpenFlow port numbers, Linux interface names and
+    this machine; checked before anything counts or names its nodes."""
+    def refuse(name: str, allowed: str) -> SpecError:
+        return not_allowed(f"topology.{name}", getattr(topology, name), allowed)
+
+    tiers = _tiers(topology)
+    for prefix, count, _, sized_by, _ in tiers:
+        if count > MAX_PER_TIER:
+            makes = "" if count == getattr(topology, sized_by) else f"; this makes {count}"
+            raise refuse(sized_by, f"at most {MAX_PER_TIER} {prefix} switches, the DPIDs of one tier{makes}")
+    for prefix, _, ports, _, ports_by in tiers:
+        if ports > MAX_SWITCH_PORTS:
+            raise refuse(ports_by.split(" ")[0], f"at most {MAX_SWITCH_PORTS} ports per switch, well inside "
+                         f"OpenFlow's 0xff00; each {prefix} would have {ports}: {ports_by}")
+    for prefix, count, ports, sized_by, _ in tiers:
+        longest = f"{prefix}{count}-eth{ports}"
+        if len(longest) > IFNAME_CHARS:
+            raise refuse(sized_by, f"Linux interface names have at most {IFNAME_CHARS} characters; {longest} "
+                         f"has {len(longest)}")
+    hosts, switches = _host_count(topology), sum(tier[1] for tier in tiers)
+    if hosts > MACHINE_HOSTS or switches > MACHINE_SWITCHES:
+        if topology.kind == "fattree":
+            blamed = "k"
+        elif hosts > MACHINE_HOSTS:
+            blamed = "hosts_per_leaf" if topology.hosts_per_leaf >= topology.leaves else "leaves"
+        else:
+            blamed = "spines" if topology.spines >= topology.leaves else "leaves"
+        raise refuse(blamed, f"one machine runs at most {MACHINE_HOSTS} hosts and {MACHINE_SWITCHES} switches; "
+                     f"this makes {hosts} hosts and {switches} switches")
+
