@@ -70,7 +70,7 @@ class FabricController(app_manager.RyuApp):
         self.datapaths: dict = {}
         self.installed: dict[int, SwitchPlan] = {}
         self.marks: dict[int, dict[tuple, FlowClass]] = {}  # dpid -> match key -> installed mark
-        self.marking = pipeline.Marking()  # the marks wanted (REST, jobs)
+        self.wanted = pipeline.WantedMarks()  # the marks wanted (REST, jobs)
         # Bumped whenever the wanted marks may change; apply_marks starts over when it moved.
         self.marks_epoch = 0
         self._wanted: tuple[int, dict[int | None, dict[tuple, FlowClass]]] = (-1, {})
@@ -251,7 +251,7 @@ class FabricController(app_manager.RyuApp):
         """Every mark by the switch it goes on, computed once per epoch."""
         epoch, wanted = self._wanted
         if epoch != self.marks_epoch:
-            wanted = pipeline.marks_by_switch(self.view, self.marking.classes())
+            wanted = pipeline.marks_by_switch(self.view, self.wanted.classes())
             self._wanted = (self.marks_epoch, wanted)
         return wanted
 
@@ -290,23 +290,23 @@ class FabricController(app_manager.RyuApp):
     def set_flow_classes(self, flows: list[FlowClass], replace: bool = False) -> None:
         """Mark flows with a DSCP; a flow with the same match as an earlier one replaces it.
         Raises CapacityError (nothing changed) past MAX_MARKS."""
-        self.marking.set_rest(flows, replace)
+        self.wanted.set_rest(flows, replace)
         self.marks_changed()
 
     def remove_flow_classes(self, flows: list[FlowClass] | None = None) -> None:
         """Unmark the given flows (matched by addresses and ports), or all of them."""
-        self.marking.remove_rest(flows)
+        self.wanted.remove_rest(flows)
         self.marks_changed()
 
     def register_job(self, job: RegisteredJob) -> None:
         """Schedule a training job's flows by its policy (a job of the same id is replaced).
         Raises CapacityError (nothing changed) past MAX_JOBS or MAX_MARKS."""
-        self.marking.register(job)
+        self.wanted.register(job)
         self.marks_changed()
 
     def remove_job(self, job_id: str) -> bool:
         """Unmark a job's flows; False when no such job is registered."""
-        if not self.marking.remove(job_id):
+        if not self.wanted.remove(job_id):
             return False
         self.marks_changed()
         return True
@@ -351,10 +351,10 @@ class FabricController(app_manager.RyuApp):
         return views.describe_groups(self.view, self.installed, self.group_stats)
 
     def describe_flow_classes(self) -> list[dict]:
-        return views.describe_flow_classes(self.view, self.marking.rest)
+        return views.describe_flow_classes(self.view, self.wanted.rest)
 
     def describe_jobs(self) -> Iterator[dict]:
-        return views.describe_jobs(self.marking.jobs.values())
+        return views.describe_jobs(self.wanted.jobs.values())
 
     def describe_ports(self) -> list[dict]:
         return views.describe_ports(self.port_stats)

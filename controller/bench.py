@@ -5,7 +5,7 @@ holds the OpenFlow side (echoes, barriers, packet-ins). Each request below is se
 through the real WSGI stack of the real app (no switch attached) while a ticker green thread
 measures the longest stretch it could not run. The bodies are the worst cases of every stage
 for their size (the JSON shape scan, json.loads, the schema engine, the registration), at the
-largest size allowed, plus the largest valid job and marking. Exits 1 when any request holds
+largest size allowed, plus the largest valid job and classes body. Exits 1 when any request holds
 the controller longer than the budget.
 """
 from __future__ import annotations

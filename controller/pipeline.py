@@ -126,7 +126,7 @@ def route_changes(installed: Mapping[int, SwitchPlan],
 
 
 # -- DSCP marks -----------------------------------------------------------------------------------
-class Marking:
+class WantedMarks:
     """The flow classes wanted: those set over REST and every registered training job's. Each
     change is checked against the limits first and refused whole (CapacityError)."""
 

@@ -216,14 +216,14 @@ def parsed(parse: Callable[..., T], *args: object) -> T:
 
 # -- the documents of /fabric/classes ------------------------------------------------------------
 @dataclass(frozen=True)
-class Marking:
+class PostClassesBody:
     """The body of `POST /fabric/classes`, declared on the schema engine (common/schema.py)."""
     flows: list[ClassEntry] = knob([], "a list of flows")
     replace: bool = knob(False, "true or false")
 
 
 @dataclass(frozen=True)
-class Unmarking:
+class DeleteClassesBody:
     """The body of `DELETE /fabric/classes`. No flows: unmark all; but `"flows": null` is refused
     (the type takes no null), as a misspelt key is: neither unmarks everything."""
     flows: list[ClassEntry] = knob(None, "a list of flows")
@@ -237,17 +237,17 @@ def build_body(cls: type[T], document: object, pace: Callable[[Iterable], Iterab
     return schema.build(cls, document, pace=pace)
 
 
-def parse_marking(document: object, pace: Callable[[Iterable], Iterable] = iter) -> tuple[list[FlowClass], bool]:
+def parse_post_classes(document: object, pace: Callable[[Iterable], Iterable] = iter) -> tuple[list[FlowClass], bool]:
     """The flows a `POST /fabric/classes` marks and whether they replace all (pace: as in
     schema.build)."""
-    marking = build_body(Marking, document, pace)
-    return flow_classes(marking.flows), marking.replace
+    body = build_body(PostClassesBody, document, pace)
+    return flow_classes(body.flows), body.replace
 
 
-def parse_unmarking(document: object, pace: Callable[[Iterable], Iterable] = iter) -> list[FlowClass] | None:
+def parse_delete_classes(document: object, pace: Callable[[Iterable], Iterable] = iter) -> list[FlowClass] | None:
     """The flows a `DELETE /fabric/classes` unmarks, None ({}) for all of them."""
-    unmarking = build_body(Unmarking, document, pace)
-    return None if unmarking.flows is None else flow_classes(unmarking.flows)
+    body = build_body(DeleteClassesBody, document, pace)
+    return None if body.flows is None else flow_classes(body.flows)
 
 
 class FabricRestController(ControllerBase):
@@ -290,7 +290,7 @@ class FabricRestController(ControllerBase):
 
     @route("fabric", "/fabric/classes", methods=["POST"])
     def post_classes(self, req, **_):
-        flows, replace = parsed(parse_marking, json_document(req, read_body(req)), cooperatively)
+        flows, replace = parsed(parse_post_classes, json_document(req, read_body(req)), cooperatively)
         hub.sleep(0)
         self.fabric.set_flow_classes(flows, replace=replace)
         return _json_list(self.fabric.describe_flow_classes())
@@ -298,7 +298,7 @@ class FabricRestController(ControllerBase):
     @route("fabric", "/fabric/classes", methods=["DELETE"])
     def delete_classes(self, req, **_):
         body = read_body(req)  # none: unmark all
-        flows = parsed(parse_unmarking, json_document(req, body), cooperatively) if body else None
+        flows = parsed(parse_delete_classes, json_document(req, body), cooperatively) if body else None
         hub.sleep(0)
         self.fabric.remove_flow_classes(flows)
         return _json_list(self.fabric.describe_flow_classes())

@@ -24,7 +24,7 @@ from controller.bench import longest_hold, worst_bodies
 from controller.pipeline import MAX_JOBS
 from controller.priority import MAX_FLOWS, MAX_MARKS, FlowClass
 from controller.rest import (MAX_BODY_BYTES, MAX_CONNECTIONS, MAX_JSON_DEPTH, json_shape,
-                             parse_marking, parse_unmarking, serve)
+                             parse_post_classes, parse_delete_classes, serve)
 from controller.scheduling import MAX_HOSTS, MAX_LAYERS, FlowEntry, JobDocument, Layer, parse_job
 from helpers.loopback import free_port
 
@@ -134,14 +134,14 @@ def test_a_body_not_sent_as_json_is_refused_415(fabric, content_type):
                     content_type=content_type), 415, "Content-Type: ")
     refused(request(fabric, "DELETE", "/fabric/classes", {"flows": [FLOW]},
                     content_type=content_type), 415, "Content-Type: ")
-    assert fabric.marking.rest == [] and fabric.marking.jobs == {}
+    assert fabric.wanted.rest == [] and fabric.wanted.jobs == {}
 
 
 @pytest.mark.parametrize("content_type", ["application/json", "application/json; charset=utf-8",
                                           "Application/JSON;charset=UTF-8"])
 def test_json_with_parameters_is_taken(fabric, content_type):
     resp = request(fabric, "POST", "/fabric/classes", {"flows": [FLOW]}, content_type=content_type)
-    assert resp.status_int == 200 and len(fabric.marking.rest) == 1
+    assert resp.status_int == 200 and len(fabric.wanted.rest) == 1
 
 
 def test_a_post_always_needs_a_json_body(fabric):
@@ -156,7 +156,7 @@ def test_a_foreign_host_header_is_refused_403(fabric, host):
     for method, path, body in [("GET", "/jobs", None), ("DELETE", "/fabric/classes", None),
                                ("POST", "/fabric/classes", {"flows": [FLOW]})]:
         refused(request(fabric, method, path, body, host=host), 403, "Host: ")
-    assert fabric.marking.rest == []
+    assert fabric.wanted.rest == []
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1:8080", "localhost:8080", "LOCALHOST:8080"])
@@ -171,7 +171,7 @@ def test_a_cross_site_origin_is_refused_403(fabric, origin):
     refused(request(fabric, "POST", "/fabric/classes", {"flows": [FLOW]}, origin=origin), 403,
             "Origin: ")
     refused(request(fabric, "GET", "/fabric", origin=origin), 403, "Origin: ")
-    assert fabric.marking.rest == []
+    assert fabric.wanted.rest == []
 
 
 @pytest.mark.parametrize("origin", ["http://127.0.0.1:8080", "http://localhost:8080"])
@@ -239,7 +239,7 @@ DEEP = b"[" * 100_000 + b"]" * 100_000
 ])
 def test_a_malformed_body_is_refused_400_naming_the_field(fabric, path, body, field):
     refused(request(fabric, "POST", path, body), 400, field)
-    assert fabric.marking.rest == [] and fabric.marking.jobs == {} and fabric.errors.count == 0
+    assert fabric.wanted.rest == [] and fabric.wanted.jobs == {} and fabric.errors.count == 0
 
 
 @pytest.mark.parametrize("body, field", [
@@ -254,7 +254,7 @@ def test_a_malformed_body_is_refused_400_naming_the_field(fabric, path, body, fi
 def test_a_malformed_delete_unmarks_nothing(fabric, body, field):
     assert request(fabric, "POST", "/fabric/classes", {"flows": [FLOW]}).status_int == 200
     refused(request(fabric, "DELETE", "/fabric/classes", body), 400, field)
-    assert len(fabric.marking.rest) == 1
+    assert len(fabric.wanted.rest) == 1
 
 
 def test_too_big_a_body_is_refused_413(fabric):
@@ -272,7 +272,7 @@ def test_a_chunked_body_is_refused_411(fabric):
     request(fabric, "POST", "/fabric/classes", {"flows": [FLOW]})
     refused(request(fabric, "DELETE", "/fabric/classes", {"flow": [FLOW]},
                     transfer_encoding="chunked"), 411, "body: ")
-    assert len(fabric.marking.rest) == 1
+    assert len(fabric.wanted.rest) == 1
 
 
 def test_a_bug_answers_500_with_one_line_and_is_logged(fabric, monkeypatch, caplog):
@@ -305,11 +305,11 @@ def test_marks_in_all_are_bounded_409(fabric):
     for first in range(0, MAX_MARKS, MAX_FLOWS):
         assert request(fabric, "POST", "/fabric/classes",
                        {"flows": flows(MAX_FLOWS, first)}).status_int == 200
-    assert len(fabric.marking.rest) == MAX_MARKS
+    assert len(fabric.wanted.rest) == MAX_MARKS
     refused(request(fabric, "POST", "/fabric/classes", {"flows": flows(1, MAX_MARKS)}), 409,
             "flows: ")
     refused(request(fabric, "POST", "/jobs", job_doc()), 409, "flows: ")
-    assert len(fabric.marking.rest) == MAX_MARKS and fabric.marking.jobs == {}, "nothing changed"
+    assert len(fabric.wanted.rest) == MAX_MARKS and fabric.wanted.jobs == {}, "nothing changed"
     assert request(fabric, "POST", "/fabric/classes",
                    {"flows": flows(1), "replace": True}).status_int == 200, "replace frees"
     assert request(fabric, "POST", "/jobs", job_doc()).status_int == 200
@@ -416,30 +416,30 @@ def test_random_documents_never_give_500(fabric, endpoint, data):
 
 
 # -- parsing, directly ----------------------------------------------------------------------------
-def test_parse_marking_and_unmarking():
-    assert parse_marking({}) == ([], False)
-    assert parse_marking({"flows": [FLOW], "replace": True}) == (
+def test_parse_post_classes_and_unmarking():
+    assert parse_post_classes({}) == ([], False)
+    assert parse_post_classes({"flows": [FLOW], "replace": True}) == (
         [FlowClass(A, B, 40, "tcp", None, 5001)], True)
-    assert parse_unmarking({}) is None
-    assert parse_unmarking({"flows": []}) == []
+    assert parse_delete_classes({}) is None
+    assert parse_delete_classes({"flows": []}) == []
     for bad in ({"replace": "true"}, {"flows": [FLOW], "x": 1}, {"flows": [{}]}):
         with pytest.raises(ValueError):
-            parse_marking(bad)
+            parse_post_classes(bad)
     for value in (None, 5, "x", FLOW):
         with pytest.raises(ValueError, match=r"^flows: .* is not allowed \(a list of flows\)$"):
-            parse_marking({"flows": value})
+            parse_post_classes({"flows": value})
     with pytest.raises(ValueError, match=r"^flows\.1\.src: "):
-        parse_marking({"flows": [FLOW, {**FLOW, "src": "h1"}]})
+        parse_post_classes({"flows": [FLOW, {**FLOW, "src": "h1"}]})
     with pytest.raises(ValueError, match=r"^flows: null is not allowed"):  # not "unmark all"
-        parse_unmarking({"flows": None})
+        parse_delete_classes({"flows": None})
     with pytest.raises(ValueError, match=r"^flow: unknown field \(did you mean flows\?\)$"):
-        parse_unmarking({"flow": [FLOW]})
+        parse_delete_classes({"flow": [FLOW]})
 
 
 @pytest.mark.parametrize("value", ["false", "true", 0, 1, None, [], {}])
 def test_a_boolean_is_a_json_boolean(value):
     with pytest.raises(ValueError, match=r"^replace: .* is not allowed \(true or false\)$"):
-        parse_marking({"replace": value})
+        parse_post_classes({"replace": value})
 
 
 def test_errors_quote_input_short():
@@ -541,7 +541,7 @@ def test_marks_end_as_the_last_request_wants_when_requests_interleave(fabric):
     assert not first.dead
     second = request(fabric, "POST", "/fabric/classes", {"flows": flows(3, 10), "replace": True})
     first.wait()
-    assert second.status_int == 200 and len(fabric.marking.rest) == 3
+    assert second.status_int == 200 and len(fabric.wanted.rest) == 3
     assert sorted(leaf1.marks().values()) == [40, 40, 40]
 
 
