@@ -250,6 +250,15 @@ def parse_delete_classes(document: object, pace: Callable[[Iterable], Iterable] 
     return None if body.flows is None else flow_classes(body.flows)
 
 
+class RestApi(WSGIApplication):
+    """The REST API of a ControllerCore (controller/core.py) as a WSGI app; `install_marks`
+    sends the marks a change moved (the Ryu app's)."""
+
+    def __init__(self, core, install_marks: Callable[[], None]) -> None:
+        super().__init__()
+        self.register(FabricRestController, {"core": core, "install_marks": install_marks})
+
+
 class FabricRestController(ControllerBase):
     """Every handler runs under `__call__`'s checks. Between the stages of a request (parse,
     change, answer) it yields to the other green threads: one stage of the largest request
@@ -257,7 +266,7 @@ class FabricRestController(ControllerBase):
 
     def __init__(self, req, link, data, **config):
         super().__init__(req, link, data, **config)
-        self.fabric = data["fabric"]
+        self.core, self.install_marks = data["core"], data["install_marks"]
 
     def __call__(self, req):
         try:
@@ -274,44 +283,47 @@ class FabricRestController(ControllerBase):
 
     @route("fabric", "/fabric", methods=["GET"])
     def get_fabric(self, req, **_):
-        return _json(self.fabric.describe())
+        return _json(self.core.describe())
 
     @route("fabric", "/fabric/groups", methods=["GET"])
     def get_groups(self, req, **_):
-        return _json(self.fabric.describe_groups())
+        return _json(self.core.describe_groups())
 
     @route("fabric", "/fabric/ports", methods=["GET"])
     def get_ports(self, req, **_):
-        return _json_list(self.fabric.describe_ports())
+        return _json_list(self.core.describe_ports())
 
     @route("fabric", "/fabric/classes", methods=["GET"])
     def get_classes(self, req, **_):
-        return _json_list(self.fabric.describe_flow_classes())
+        return _json_list(self.core.describe_flow_classes())
 
     @route("fabric", "/fabric/classes", methods=["POST"])
     def post_classes(self, req, **_):
         flows, replace = parsed(parse_post_classes, json_document(req, read_body(req)), cooperatively)
         hub.sleep(0)
-        self.fabric.set_flow_classes(flows, replace=replace)
-        return _json_list(self.fabric.describe_flow_classes())
+        self.core.set_flow_classes(flows, replace=replace)
+        self.install_marks()
+        return _json_list(self.core.describe_flow_classes())
 
     @route("fabric", "/fabric/classes", methods=["DELETE"])
     def delete_classes(self, req, **_):
         body = read_body(req)  # none: unmark all
         flows = parsed(parse_delete_classes, json_document(req, body), cooperatively) if body else None
         hub.sleep(0)
-        self.fabric.remove_flow_classes(flows)
-        return _json_list(self.fabric.describe_flow_classes())
+        self.core.remove_flow_classes(flows)
+        self.install_marks()
+        return _json_list(self.core.describe_flow_classes())
 
     @route("jobs", "/jobs", methods=["GET"])
     def get_jobs(self, req, **_):
-        return _json_list(self.fabric.describe_jobs())
+        return _json_list(self.core.describe_jobs())
 
     @route("jobs", "/jobs", methods=["POST"])
     def post_job(self, req, **_):
         job = parsed(parse_job, json_document(req, read_body(req)), cooperatively)
         hub.sleep(0)
-        self.fabric.register_job(job)
+        self.core.register_job(job)
+        self.install_marks()
         hub.sleep(0)
         described = describe_job(job)
         hub.sleep(0)
@@ -321,6 +333,7 @@ class FabricRestController(ControllerBase):
     def delete_job(self, req, job_id, **_):
         if read_body(req):
             raise Refusal(400, "body: not allowed (DELETE /jobs/<id> takes none)")
-        if not self.fabric.remove_job(job_id):
+        if not self.core.remove_job(job_id):
             raise Refusal(404, f"job: {shown(job_id)} is not registered")
-        return _json_list(self.fabric.describe_jobs())
+        self.install_marks()
+        return _json_list(self.core.describe_jobs())

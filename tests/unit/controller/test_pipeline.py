@@ -404,10 +404,19 @@ def test_arp_learns_the_sender_delivers_to_a_known_target_and_ignores_its_own_ec
 
 
 # -- packets held behind barriers -----------------------------------------------------------------
+def sent_barrier(xid: int):
+    """A barrier request as the switch's connection left it: with its xid."""
+    request = openflow.barrier()
+    request.set_xid(xid)
+    return request
+
+
 def test_held_packets_go_once_every_barrier_is_answered_or_at_the_timeout():
     held = HeldPackets()
-    first = held.hold({(1, 10), (2, 11)}, [(3, "arp reply")])
-    second = held.hold({(2, 12)}, [(4, "other")])
+    unsent = openflow.barrier()  # held before it is sent: its xid comes later
+    first = held.hold([(1, unsent), (2, sent_barrier(11))], [(3, "arp reply")])
+    second = held.hold([(2, sent_barrier(12))], [(4, "other")])
+    unsent.set_xid(10)
     assert held.answered(1, 10) == [] and held.answered(9, 10) == []
     assert held.answered(2, 11) == [(3, "arp reply")]
     assert held.release(first) == [] and held.answered(2, 11) == [], "released once"

@@ -77,16 +77,17 @@ def fabric():
     for thread in app.threads:
         hub.kill(thread)
     yield app
-    logging.getLogger().removeHandler(app.errors)
+    logging.getLogger().removeHandler(app.core.errors)
 
 
 def connect(app: FabricController, dpid: int, hosts: list[str]) -> FakeDatapath:
-    """A switch with `hosts` on ports 1.., learnt as the app learns them (no OpenFlow)."""
+    """A switch with `hosts` on ports 1.., learnt as the core learns them; what the core answers
+    is dropped (only the marks the app installs reach the FakeDatapath)."""
     dp = app.datapaths[dpid] = FakeDatapath(dpid)
-    app.view.add_switch(dpid, f"leaf{dpid}",
-                        {p: (f"eth{p}", True) for p in range(1, len(hosts) + 2)})
+    app.core.switch_connected(dpid)
+    app.core.port_description(dpid, f"leaf{dpid}", {p: (f"eth{p}", True) for p in range(1, len(hosts) + 2)})
     for port, ip in enumerate(hosts, 1):
-        app.view.learn_host(ip, f"02:00:00:00:{dpid:02x}:{port:02x}", dpid, port)
+        app.core.view.learn_host(ip, f"02:00:00:00:{dpid:02x}:{port:02x}", dpid, port)
     return dp
 
 
@@ -134,14 +135,14 @@ def test_a_body_not_sent_as_json_is_refused_415(fabric, content_type):
                     content_type=content_type), 415, "Content-Type: ")
     refused(request(fabric, "DELETE", "/fabric/classes", {"flows": [FLOW]},
                     content_type=content_type), 415, "Content-Type: ")
-    assert fabric.wanted.rest == [] and fabric.wanted.jobs == {}
+    assert fabric.core.wanted.rest == [] and fabric.core.wanted.jobs == {}
 
 
 @pytest.mark.parametrize("content_type", ["application/json", "application/json; charset=utf-8",
                                           "Application/JSON;charset=UTF-8"])
 def test_json_with_parameters_is_taken(fabric, content_type):
     resp = request(fabric, "POST", "/fabric/classes", {"flows": [FLOW]}, content_type=content_type)
-    assert resp.status_int == 200 and len(fabric.wanted.rest) == 1
+    assert resp.status_int == 200 and len(fabric.core.wanted.rest) == 1
 
 
 def test_a_post_always_needs_a_json_body(fabric):
@@ -156,7 +157,7 @@ def test_a_foreign_host_header_is_refused_403(fabric, host):
     for method, path, body in [("GET", "/jobs", None), ("DELETE", "/fabric/classes", None),
                                ("POST", "/fabric/classes", {"flows": [FLOW]})]:
         refused(request(fabric, method, path, body, host=host), 403, "Host: ")
-    assert fabric.wanted.rest == []
+    assert fabric.core.wanted.rest == []
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1:8080", "localhost:8080", "LOCALHOST:8080"])
@@ -171,7 +172,7 @@ def test_a_cross_site_origin_is_refused_403(fabric, origin):
     refused(request(fabric, "POST", "/fabric/classes", {"flows": [FLOW]}, origin=origin), 403,
             "Origin: ")
     refused(request(fabric, "GET", "/fabric", origin=origin), 403, "Origin: ")
-    assert fabric.wanted.rest == []
+    assert fabric.core.wanted.rest == []
 
 
 @pytest.mark.parametrize("origin", ["http://127.0.0.1:8080", "http://localhost:8080"])
@@ -239,7 +240,7 @@ DEEP = b"[" * 100_000 + b"]" * 100_000
 ])
 def test_a_malformed_body_is_refused_400_naming_the_field(fabric, path, body, field):
     refused(request(fabric, "POST", path, body), 400, field)
-    assert fabric.wanted.rest == [] and fabric.wanted.jobs == {} and fabric.errors.count == 0
+    assert fabric.core.wanted.rest == [] and fabric.core.wanted.jobs == {} and fabric.core.errors.count == 0
 
 
 @pytest.mark.parametrize("body, field", [
@@ -254,7 +255,7 @@ def test_a_malformed_body_is_refused_400_naming_the_field(fabric, path, body, fi
 def test_a_malformed_delete_unmarks_nothing(fabric, body, field):
     assert request(fabric, "POST", "/fabric/classes", {"flows": [FLOW]}).status_int == 200
     refused(request(fabric, "DELETE", "/fabric/classes", body), 400, field)
-    assert len(fabric.wanted.rest) == 1
+    assert len(fabric.core.wanted.rest) == 1
 
 
 def test_too_big_a_body_is_refused_413(fabric):
@@ -272,17 +273,17 @@ def test_a_chunked_body_is_refused_411(fabric):
     request(fabric, "POST", "/fabric/classes", {"flows": [FLOW]})
     refused(request(fabric, "DELETE", "/fabric/classes", {"flow": [FLOW]},
                     transfer_encoding="chunked"), 411, "body: ")
-    assert len(fabric.wanted.rest) == 1
+    assert len(fabric.core.wanted.rest) == 1
 
 
 def test_a_bug_answers_500_with_one_line_and_is_logged(fabric, monkeypatch, caplog):
     def broken():
         raise KeyError("oops")
 
-    monkeypatch.setattr(fabric, "describe", broken)
+    monkeypatch.setattr(fabric.core, "describe", broken)
     error = refused(request(fabric, "GET", "/fabric"), 500, "internal error in GET /fabric")
     assert "Traceback" not in error and "oops" not in error
-    assert fabric.errors.count == 1 and "KeyError: 'oops'" in caplog.text
+    assert fabric.core.errors.count == 1 and "KeyError: 'oops'" in caplog.text
 
 
 # -- limits of what the controller holds --------------------------------------------------------
@@ -305,11 +306,11 @@ def test_marks_in_all_are_bounded_409(fabric):
     for first in range(0, MAX_MARKS, MAX_FLOWS):
         assert request(fabric, "POST", "/fabric/classes",
                        {"flows": flows(MAX_FLOWS, first)}).status_int == 200
-    assert len(fabric.wanted.rest) == MAX_MARKS
+    assert len(fabric.core.wanted.rest) == MAX_MARKS
     refused(request(fabric, "POST", "/fabric/classes", {"flows": flows(1, MAX_MARKS)}), 409,
             "flows: ")
     refused(request(fabric, "POST", "/jobs", job_doc()), 409, "flows: ")
-    assert len(fabric.wanted.rest) == MAX_MARKS and fabric.wanted.jobs == {}, "nothing changed"
+    assert len(fabric.core.wanted.rest) == MAX_MARKS and fabric.core.wanted.jobs == {}, "nothing changed"
     assert request(fabric, "POST", "/fabric/classes",
                    {"flows": flows(1), "replace": True}).status_int == 200, "replace frees"
     assert request(fabric, "POST", "/jobs", job_doc()).status_int == 200
@@ -412,7 +413,7 @@ def test_random_documents_never_give_500(fabric, endpoint, data):
     assert resp.status_int in (200, 400, 409), resp.text
     if resp.status_int != 200:
         refused(resp, resp.status_int)
-    assert fabric.errors.count == 0
+    assert fabric.core.errors.count == 0
 
 
 # -- parsing, directly ----------------------------------------------------------------------------
@@ -541,7 +542,7 @@ def test_marks_end_as_the_last_request_wants_when_requests_interleave(fabric):
     assert not first.dead
     second = request(fabric, "POST", "/fabric/classes", {"flows": flows(3, 10), "replace": True})
     first.wait()
-    assert second.status_int == 200 and len(fabric.wanted.rest) == 3
+    assert second.status_int == 200 and len(fabric.core.wanted.rest) == 3
     assert sorted(leaf1.marks().values()) == [40, 40, 40]
 
 
