@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import argparse
 import errno
-import ipaddress
 import os
 import signal
 import socket
 import sys
 
-from controller.routing import LB_MODES
+from common.schema import SchemaError, add_arguments, from_arguments
+from controller.options import ControllerOptions, check_options, ryu_arguments
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
@@ -32,44 +32,22 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     return False
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> ControllerOptions:
+    """The options of a command line (controller/options.py); exits naming the flag of a bad one."""
     parser = argparse.ArgumentParser(prog="python -m controller", description=__doc__.split("\n")[0])
-    parser.add_argument("--lb", default="ecmp", choices=LB_MODES,
-                        help="ecmp: per-flow select groups; spray: per-packet (dp_hash over the "
-                             "5-tuple incl. UDP ports); single: one path per destination")
-    parser.add_argument("--ofp-host", default="127.0.0.1",
-                        help="OpenFlow address: 127.0.0.1, or this machine's address on the network of a "
-                             "fabric's other servers")
-    parser.add_argument("--ofp-port", type=int, default=6653, help="OpenFlow port")
-    parser.add_argument("--rest-port", type=int, default=8080, help="REST port (127.0.0.1)")
-    parser.add_argument("--stats-interval", type=float, default=1.0,
-                        help="seconds between port/group statistics polls")
-    parser.add_argument("--stats-csv", default="", help="append port statistics to this CSV")
-    parser.add_argument("--hosts-file", default="",
-                        help="JSON list of hosts known in advance ({ip, mac, dpid, port}), routed as soon "
-                             "as their switch connects (the runner passes its fabric's)")
-    parser.add_argument("--log-file", default="", help="log here instead of stderr")
-    parser.add_argument("--verbose", action="store_true", help="debug logging")
-    args = parser.parse_args(argv)
-    for name in ("ofp_port", "rest_port"):
-        value = getattr(args, name)
-        if not 0 < value < 65536:
-            parser.error(f"--{name.replace('_', '-')}: {value} is not allowed (1..65535)")
+    add_arguments(parser, ControllerOptions)
     try:
-        ipaddress.IPv4Address(args.ofp_host)
-    except ValueError:
-        parser.error(f"--ofp-host: {args.ofp_host!r} is not allowed (an IPv4 address of this machine)")
-    if args.ofp_port == args.rest_port:
-        parser.error("--rest-port: must differ from --ofp-port")
-    if args.stats_interval <= 0:
-        parser.error(f"--stats-interval: {args.stats_interval} is not allowed (seconds > 0)")
-    return args
+        options = from_arguments(ControllerOptions, parser.parse_args(argv))
+        check_options(options)
+    except SchemaError as error:
+        parser.error(str(error))
+    return options
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    for flag, host, port in (("--ofp-port", args.ofp_host, args.ofp_port),
-                             ("--rest-port", "127.0.0.1", args.rest_port)):
+    options = parse_args(argv)
+    for flag, host, port in (("--ofp-port", options.ofp_host, options.ofp_port),
+                             ("--rest-port", "127.0.0.1", options.rest_port)):
         if port_in_use(port, host):
             sys.exit(f"error: {flag}: port {port} on {host} is already in use "
                      "(another controller? stop it, run `make clean-net`, or pick another port)")
@@ -78,13 +56,11 @@ def main(argv: list[str] | None = None) -> None:
     from ryu.cmd.manager import main as ryu_main
 
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # stats CSV is flushed per poll
-    ryu_args = ["--ofp-listen-host", args.ofp_host, "--ofp-tcp-listen-port", str(args.ofp_port),
-                "--wsapi-host", "127.0.0.1", "--wsapi-port", str(args.rest_port),
-                "--fabric-lb", args.lb, "--fabric-stats-interval", str(args.stats_interval),
-                "--fabric-stats-csv", args.stats_csv, "--fabric-hosts-file", args.hosts_file]
-    if args.log_file:
-        ryu_args += ["--log-file", args.log_file]
-    if args.verbose:
+    ryu_args = ["--ofp-listen-host", options.ofp_host, "--ofp-tcp-listen-port", str(options.ofp_port),
+                "--wsapi-host", "127.0.0.1", "--wsapi-port", str(options.rest_port), *ryu_arguments(options)]
+    if options.log_file:
+        ryu_args += ["--log-file", options.log_file]
+    if options.verbose:
         ryu_args.append("--verbose")
     ryu_main(ryu_args + ["controller.app"])
 

@@ -18,7 +18,7 @@ from ryu.ofproto import ofproto_v1_5
 import controller.flags  # noqa: F401  (registers the [fabric] options)
 from controller import openflow
 from controller.core import Answer, ControllerCore
-from controller.options import load_hosts
+from controller.options import RYU_GROUP, app_options, load_hosts
 from controller.rest import RestApi, cooperatively, serve
 from controller.stats import PortStatsWriter
 
@@ -33,12 +33,12 @@ class FabricController(app_manager.RyuApp):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        conf = cfg.CONF.fabric
-        self.core = ControllerCore(conf.lb, load_hosts(conf.hosts_file) if conf.hosts_file else ())
+        options = app_options(cfg.CONF[RYU_GROUP])
+        self.core = ControllerCore(options.lb, load_hosts(options.hosts_file) if options.hosts_file else ())
         logging.getLogger().addHandler(self.core.errors)
         self.datapaths: dict = {}  # dpid -> its connection (Ryu's Datapath)
-        self.stats_writer = PortStatsWriter(conf.stats_csv) if conf.stats_csv else None
-        self.stats_interval, self.probe_interval = conf.stats_interval, conf.probe_interval
+        self.stats_writer = PortStatsWriter(options.stats_csv) if options.stats_csv else None
+        self.stats_interval, self.probe_interval = options.stats_interval, options.probe_interval
         self.wsgi = RestApi(self.core, self.install_marks)
         self.threads += [hub.spawn(self._probe_loop), hub.spawn(self._stats_loop)]
         LOG.info("fabric controller up: lb=%s", self.core.lb)

@@ -8,7 +8,10 @@ import sys
 
 import pytest
 
+from ryu import cfg
+
 from controller.__main__ import parse_args, port_in_use
+from controller.options import RYU_GROUP, AppOptions, ControllerOptions, app_options, ryu_arguments, ryu_options
 from controller.stats import PORT_COLUMNS, PortStatsWriter
 
 from helpers.loopback import free_port
@@ -30,6 +33,9 @@ from helpers import REPO
     (["--stats-interval", "-1"], "--stats-interval"),
     (["--ofp-host", "leaf1"], "--ofp-host"),
     (["--ofp-host", "10.0.0.256"], "--ofp-host"),
+    (["--probe-interval", "0"], "--probe-interval"),
+    (["--stats-interval", "nan"], "--stats-interval"),
+    (["--rest-port", "6653"], "--rest-port"),
 ])
 def test_bad_arguments_exit_non_zero_naming_the_flag(argv, flag, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -45,6 +51,33 @@ def test_good_arguments():
     assert (args.lb, args.ofp_port, args.rest_port, args.stats_interval) == ("spray", 1, 65535, 0.5)
     assert (parse_args([]).lb, parse_args([]).ofp_host) == ("ecmp", "127.0.0.1")
     assert parse_args(["--ofp-host", "192.0.2.7"]).ofp_host == "192.0.2.7"
+    assert parse_args([]) == ControllerOptions()
+
+
+def ryu_config(argv: list[str]) -> cfg.ConfigOpts:
+    """A config of Ryu's kind with the app's options, parsed from `argv`."""
+    conf = cfg.ConfigOpts()
+    conf.register_cli_opts(ryu_options(cfg), group=RYU_GROUP)
+    conf(args=argv)
+    return conf
+
+
+def test_the_options_reach_the_ryu_app_as_given():
+    options = parse_args(["--lb", "single", "--stats-interval", "0.1", "--probe-interval", "2.5",
+                          "--stats-csv", "/tmp/ports.csv", "--hosts-file", "h.json"])
+    assert app_options(ryu_config(ryu_arguments(options))[RYU_GROUP]) == AppOptions(
+        "single", 0.1, "/tmp/ports.csv", 2.5, "h.json")
+    assert app_options(ryu_config([])[RYU_GROUP]) == AppOptions(), "Ryu without our flags: our defaults"
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--fabric-lb", "bogus"], "error: --fabric-lb: bogus is not allowed (one of ecmp, spray, single)"),
+    (["--fabric-probe-interval", "-1"], "error: --fabric-probe-interval: -1 is not allowed (seconds > 0 "),
+])
+def test_a_bad_option_under_plain_ryu_stops_the_app_naming_its_flag(argv, line):
+    with pytest.raises(SystemExit) as exit_:
+        app_options(ryu_config(argv)[RYU_GROUP])
+    assert str(exit_.value).startswith(line)
 
 
 @pytest.fixture
