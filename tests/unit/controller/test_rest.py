@@ -5,11 +5,14 @@ requests to every endpoint, how long a request may hold the OpenFlow side, and i
 connections to the server."""
 import controller.manager  # noqa: F401  (the eventlet shim, before ryu.app.wsgi)
 
+import contextlib
 import dataclasses
 import gc
+import itertools
 import json
 import logging
 import resource
+import socket
 import time
 
 import eventlet
@@ -23,8 +26,8 @@ from controller.app import FabricController
 from controller.bench import longest_hold, worst_bodies
 from controller.pipeline import MAX_JOBS
 from controller.priority import MAX_FLOWS, MAX_MARKS, FlowClass
-from controller.rest import (MAX_BODY_BYTES, MAX_CONNECTIONS, MAX_JSON_DEPTH, json_shape,
-                             parse_post_classes, parse_delete_classes, serve)
+from controller.rest import (MAX_BODY_BYTES, MAX_CLIENT_CONNECTIONS, MAX_CONNECTIONS, MAX_JSON_DEPTH,
+                             ClientGuard, json_shape, parse_delete_classes, parse_post_classes, serve)
 from controller.scheduling import MAX_HOSTS, MAX_LAYERS, FlowEntry, JobDocument, Layer, parse_job
 from helpers.loopback import free_port
 
@@ -236,7 +239,7 @@ DEEP = b"[" * 100_000 + b"]" * 100_000
      "body: nested deeper than"),
     ("/fabric/classes", b'{"flows": ' + b"[" * (MAX_JSON_DEPTH - 1) + b"]" * (MAX_JSON_DEPTH - 1)
      + b"}", "flows.0: [["),
-    ("/jobs", b'{"job": "' + b"[" * 50 + b'"}', "policy: "),  # brackets in a string: no nesting
+    ("/jobs", b'{"job": "j1", "policy": "' + b"[" * 50 + b'"}', "policy: "),  # in a string: no nesting
 ])
 def test_a_malformed_body_is_refused_400_naming_the_field(fabric, path, body, field):
     refused(request(fabric, "POST", path, body), 400, field)
@@ -372,9 +375,34 @@ def test_jobs_register_replace_and_unregister(fabric):
     refused(request(fabric, "DELETE", "/jobs/j1", {"x": 1}), 400, "body: ")
 
 
-def test_unknown_paths_and_methods_are_404(fabric):
-    assert request(fabric, "GET", "/nothing").status_int == 404
-    assert request(fabric, "PUT", "/jobs", job_doc()).status_int == 404
+@pytest.mark.parametrize("job_id", ["run0", "run12", "resnet-ish", "a.b_c-1", "x" * 64, "0"])
+def test_a_job_is_deleted_by_its_exact_id(fabric, job_id):
+    assert request(fabric, "POST", "/jobs", job_doc(job_id)).status_int == 200
+    assert request(fabric, "POST", "/jobs", job_doc("other")).status_int == 200
+    for near in (f"{job_id}%0A", f"{job_id}%0A%0A", f"{job_id}%20", f"%20{job_id}", f"{job_id}.", f"{job_id}/",
+                 job_id.upper() if job_id.upper() != job_id else f"{job_id}X", f"{job_id}%00", f"{job_id}%C3%A9"):
+        answer = request(fabric, "DELETE", f"/jobs/{near}")
+        assert answer.status_int in (400, 404, 405), near
+        refused(answer, answer.status_int)
+        assert set(fabric.core.wanted.jobs) == {job_id, "other"}, near
+    assert request(fabric, "DELETE", f"/jobs/{job_id}").json == [request(fabric, "GET", "/jobs").json[0]]
+    assert set(fabric.core.wanted.jobs) == {"other"}
+
+
+@pytest.mark.parametrize("job_id", ["x\n", "\u0100", "x" * 65, "x" * 9000, "", ".", "..", "-x", "a b", "a/b", "a\r"])
+def test_a_job_id_the_api_cannot_address_is_refused(fabric, job_id):
+    refused(request(fabric, "POST", "/jobs", job_doc(job_id)), 400, "job: ")
+    assert fabric.core.wanted.jobs == {}
+
+
+def test_unknown_paths_are_404_and_methods_405(fabric):
+    for path in ("/nothing", "/fabric/", "/fabric\n", "/jobs\n", "//jobs", "/FABRIC", "/fabric/classes/x"):
+        refused(request(fabric, "GET", path), 404, "path: ")
+    refused(request(fabric, "PUT", "/jobs", job_doc()), 405, "method: 'PUT' is not allowed on /jobs (GET, POST)")
+    assert request(fabric, "PUT", "/jobs", job_doc()).headers["Allow"] == "GET, POST"
+    assert request(fabric, "HEAD", "/fabric").status_int == 405  # (an answer to HEAD has no body)
+    refused(request(fabric, "GET", "/jobs/j1"), 405, "method: ")
+    refused(request(fabric, "DELETE", "/jobs/j1", host="evil.example"), 403, "Host: "), "checked first"
 
 
 # -- random documents never break it ------------------------------------------------------------
@@ -546,26 +574,80 @@ def test_marks_end_as_the_last_request_wants_when_requests_interleave(fabric):
     assert sorted(leaf1.marks().values()) == [40, 40, 40]
 
 
-# -- the server: idle connections time out --------------------------------------------------------
+# -- the server: connections time out, trickle and flood ------------------------------------------
+def client_address(n: int) -> str:
+    """A loopback address for the n-th client: a new one after every MAX_CLIENT_CONNECTIONS."""
+    block = n // MAX_CLIENT_CONNECTIONS
+    return f"127.1.{block // 250}.{block % 250 + 1}"
+
+
+def dial(port: int, address: str = "127.0.0.1"):
+    return eventlet.connect(("127.0.0.1", port), bind=(address, 0))
+
+
+def get_jobs(port: int) -> bytes:
+    return f"GET /jobs HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+
+
+def answer_of(sock, timeout_s: float = 5.0) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    answer = b""
+    with eventlet.Timeout(timeout_s):
+        try:
+            while chunk := sock.recv(4096):
+                answer += chunk
+        except ConnectionResetError:
+            pass
+    return answer
+
+
+def ask(port: int, address: str = "127.0.0.1") -> bytes:
+    """The server's answer to GET /jobs from `address`."""
+    sock = dial(port, address)
+    try:
+        sock.sendall(get_jobs(port))
+        return answer_of(sock)
+    finally:
+        sock.close()
+
+
+def one_line_error(answer: bytes, status: int, starts: str) -> str:
+    """The answer is `status` with a one-line JSON error starting with `starts`."""
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(f"HTTP/1.1 {status} ".encode()) and b"application/json" in head, answer
+    assert b"\n" not in body and set(json.loads(body)) == {"error"}, body
+    error = json.loads(body)["error"]
+    assert error.startswith(starts), error
+    return error
+
+
+@contextlib.contextmanager
+def serving(app: FabricController, **options):
+    """The app's REST API served on a free port of 127.0.0.1 (`options`: serve's)."""
+    port = free_port()
+    server = serve(app.wsgi, "127.0.0.1", port, **options)
+    try:
+        yield port
+    finally:
+        hub.kill(server)
+
+
 def test_idle_connections_time_out_and_the_api_still_answers(fabric):
-    """More idle clients than the server takes at once: they are closed after the timeout, and
-    a request queued behind them is answered (before, they hung the API for good)."""
+    """More idle clients than the server takes at once (from as many loopback addresses as the
+    connections allowed per client need): they are closed after the timeout, and a request
+    queued behind them is answered (before, they hung the API for good)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     connections = MAX_CONNECTIONS  # both ends of each connection are in this process
     if soft != resource.RLIM_INFINITY and soft < 2 * connections + 100:
         connections = (soft - 100) // 4
-    port, timeout_s = free_port(), 1.0
-    server = serve(fabric.wsgi, "127.0.0.1", port, timeout_s=timeout_s, connections=connections)
-    try:
+    timeout_s = 1.0
+    with serving(fabric, timeout_s=timeout_s, connections=connections) as port:
         start = time.monotonic()
-        idle = [eventlet.connect(("127.0.0.1", port)) for _ in range(connections + 6)]
+        idle = [dial(port, client_address(n)) for n in range(connections + 6)]
         assert time.monotonic() - start < timeout_s, "too slow to fill the server in time"
-        client = eventlet.connect(("127.0.0.1", port))
-        client.sendall(f"GET /jobs HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
-        with eventlet.Timeout(5):
-            answer = b""
-            while chunk := client.recv(4096):
-                answer += chunk
+        client = dial(port)
+        client.sendall(get_jobs(port))
+        answer = answer_of(client)
         assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"[]"), answer
         assert timeout_s < time.monotonic() - start < 3 * timeout_s, \
             "answered once the first idle ones timed out"
@@ -573,8 +655,91 @@ def test_idle_connections_time_out_and_the_api_still_answers(fabric):
             assert idle[0].recv(1) == b"", "the server closed the idle connection"
         for sock in idle + [client]:
             sock.close()
-    finally:
-        hub.kill(server)
+
+
+def trickle(sock, data: bytes, every_s: float, most_s: float) -> float | None:
+    """Send `data` a byte every `every_s` for at most `most_s`; how long until the server
+    answered or closed the connection (None: it never did)."""
+    start = time.monotonic()
+    for byte in itertools.cycle(data):
+        if time.monotonic() - start > most_s:
+            return None
+        try:
+            sock.sendall(bytes([byte]))
+            with eventlet.Timeout(every_s, False):
+                sock.recv(1, socket.MSG_PEEK)
+                return time.monotonic() - start
+        except (BrokenPipeError, ConnectionResetError):
+            return time.monotonic() - start
+
+
+def test_a_client_trickling_its_request_is_cut_off_at_the_deadline(fabric):
+    """A byte every 0.2 s: each read waits less than the timeout of 0.5 s, but the request as a
+    whole must be in within a second. Other requests, from the same client too, go on."""
+    with serving(fabric, timeout_s=0.5, deadline_s=1.0) as port:
+        headers = dial(port)
+        headers.sendall(b"GET /jobs HTTP/1.1\r\n")
+        cut = trickle(headers, b"X-Slow: aaaa", every_s=0.2, most_s=4.0)
+        assert cut is not None and 0.5 < cut < 3.0, cut
+        body = dial(port)
+        body.sendall(f"POST /jobs HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+                     "Content-Length: 100\r\n\r\n{".encode())
+        trickling = hub.spawn(trickle, body, b" ", every_s=0.2, most_s=4.0)
+        assert ask(port).startswith(b"HTTP/1.1 200 "), "a normal request meanwhile"
+        assert trickling.wait() is not None
+        one_line_error(answer_of(body), 400, "body: shorter than its Content-Length")
+        for sock in (headers, body):
+            sock.close()
+    assert fabric.core.errors.count == 0
+
+
+def test_a_client_with_too_many_connections_gets_429_and_others_get_through(fabric):
+    with serving(fabric, guard=ClientGuard(connections=3)) as port:
+        idle = [dial(port) for _ in range(3)]
+        one_line_error(ask(port), 429, "connections: 127.0.0.1 has 3 open, the most allowed")
+        assert ask(port, "127.0.0.2").startswith(b"HTTP/1.1 200 ")
+        idle.pop().close()
+        with eventlet.Timeout(5):
+            while not (answer := ask(port)).startswith(b"HTTP/1.1 200 "):
+                one_line_error(answer, 429, "connections: ")
+                hub.sleep(0.05)
+        for sock in idle:
+            sock.close()
+
+
+def test_a_flooding_client_gets_429_and_others_get_through(fabric):
+    with serving(fabric, guard=ClientGuard(rate=1, burst=3)) as port:
+        assert all(ask(port).startswith(b"HTTP/1.1 200 ") for _ in range(3))
+        answer = ask(port)
+        one_line_error(answer, 429, "requests: 127.0.0.1 sent more than 1 a second (bursts of 3)")
+        assert b"\r\nRetry-After: 1\r\n" in answer
+        assert ask(port, "127.0.0.2").startswith(b"HTTP/1.1 200 ")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_client_guard_refills_each_clients_bucket_and_forgets_idle_clients(monkeypatch):
+    clock = Clock()
+    guard = ClientGuard(connections=10, rate=2, burst=4, clock=clock)
+    assert [guard.admit("a") for _ in range(4)] == [None] * 4
+    assert guard.admit("a").startswith("requests: a ") and guard.admit("b") is None
+    clock.now += 0.5  # one token back
+    assert guard.admit("a") is None and guard.admit("a") is not None
+    for _ in range(5):
+        guard.closed("a")
+    assert "a" not in guard.open and guard.open["b"] == 1
+    monkeypatch.setattr("controller.rest.MAX_CLIENTS_KEPT", 8)
+    for n in range(20):
+        assert guard.admit(f"c{n}") is None
+        guard.closed(f"c{n}")
+        clock.now += 1.0  # every bucket full again
+    assert len(guard.buckets) <= 9 and "b" in guard.buckets, "b still has a connection open"
 
 
 def test_the_benchmark_sends_the_largest_bodies_allowed(fabric):
