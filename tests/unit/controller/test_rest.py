@@ -18,16 +18,17 @@ import time
 import eventlet
 import pytest
 import webob
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import given, settings, strategies as st
 from ryu.lib import hub
 from ryu.ofproto import ofproto_v1_5, ofproto_v1_5_parser
 
 from controller.app import FabricController
-from controller.bench import longest_hold, worst_bodies
+from controller.bench import flood, longest_hold, worst_bodies
 from controller.pipeline import MAX_JOBS
 from controller.priority import MAX_FLOWS, MAX_MARKS, FlowClass
-from controller.rest import (MAX_BODY_BYTES, MAX_CLIENT_CONNECTIONS, MAX_CONNECTIONS, MAX_JSON_DEPTH,
-                             ClientGuard, json_shape, parse_delete_classes, parse_post_classes, serve)
+from controller.rest import (CONTENT_LENGTH, MAX_BODY_BYTES, MAX_CLIENT_CONNECTIONS, MAX_CONNECTIONS,
+                             MAX_JSON_DEPTH, ClientGuard, json_shape, parse_delete_classes, parse_post_classes,
+                             serve)
 from controller.scheduling import MAX_HOSTS, MAX_LAYERS, FlowEntry, JobDocument, Layer, parse_job
 from helpers.loopback import free_port
 
@@ -72,15 +73,23 @@ class FakeDatapath:
         return held
 
 
-@pytest.fixture
-def fabric():
+@contextlib.contextmanager
+def controller_app():
     """The real controller app with no switch (Ryu's app manager is not running, nor are the
     app's probe and statistics loops)."""
     app = FabricController()
     for thread in app.threads:
         hub.kill(thread)
-    yield app
-    logging.getLogger().removeHandler(app.core.errors)
+    try:
+        yield app
+    finally:
+        logging.getLogger().removeHandler(app.core.errors)
+
+
+@pytest.fixture
+def fabric():
+    with controller_app() as app:
+        yield app
 
 
 def connect(app: FabricController, dpid: int, hosts: list[str]) -> FakeDatapath:
@@ -430,18 +439,89 @@ JOBS = objects(fields(JobDocument), VALUES | st.lists(objects(fields(Layer)), ma
 MARKINGS = objects(("flows", "replace"), VALUES | st.lists(FLOW_CLASSES, max_size=3)) | VALUES
 
 
-@settings(max_examples=150, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.sampled_from(["POST /jobs", "POST /fabric/classes", "DELETE /fabric/classes"]),
-       st.data())
-def test_random_documents_never_give_500(fabric, endpoint, data):
-    method, path = endpoint.split()
-    document = data.draw(JOBS if path == "/jobs" else MARKINGS)
-    resp = request(fabric, method, path, json.dumps(document).encode())
-    assert resp.status_int in (200, 400, 409), resp.text
-    if resp.status_int != 200:
-        refused(resp, resp.status_int)
-    assert fabric.core.errors.count == 0
+DOCUMENTS = (JOBS | MARKINGS).map(lambda document: json.dumps(document).encode())
+PATHOLOGICAL = st.sampled_from([
+    b'{"job": "\\', b'{"job": "\\u12', b'{"job": "\\x"}', b'"\\ud800"', b'{"job": "\\udc00\\ud800"}',
+    b"[" * 100 + b"]" * 99, b"[" * 9 + b"]" * 9, b'{"flows": ' + b"[" * 8 + b"]" * 8 + b"}", b"{" * 50,
+    b'{"job": ' + b"9" * 5000 + b"}", b'{"job": 1e999}', b'{"job": -0.0e-999}', b'{"flows": [], "flows": []}',
+    b'{"replace": true, "replace": false}', b"\xef\xbb\xbf{}", b"\xff\xfe{}", b"\xc3", b"{}" + b" " * 10, b"null",
+    b"NaN", b'{"flows": [{"dscp": Infinity}]}', b"", b" ", b"{}{}", b"{}\x00",
+    ('{"job": "' + "\u00e9" * 100 + '"}').encode(),
+    b'{"\\u0000": 1}', '{"job": "\u2028run"}'.encode(), b'{"job": "run0", "policy": "fifo", "hosts": ["10.0.0.1"], '
+    b'"layers": [{"index": 0, "name": "\\n", "bytes": 1}]}', b"[" + b"1," * 5000 + b"1]"])
+RAW = st.binary(max_size=48) | st.text(alphabet='{}[]":,\\u0123456789eE.+-ntrufalsé\x00 ', max_size=48).map(str.encode)
+BODIES = st.none() | DOCUMENTS | PATHOLOGICAL | RAW
+HEADER_TEXT = st.text(st.characters(max_codepoint=0xFF), max_size=24)  # a header as the server decodes it
+# What a request's headers may have instead of what a well-behaved client sends (Content-Length:
+# "short" and "long" are one byte less and five more than the body).
+UNUSUAL = {
+    "Host": st.sampled_from(["localhost:8080", "LOCALHOST:8080", "evil.example", "127.0.0.1", "", None]) | HEADER_TEXT,
+    "Origin": st.sampled_from(["http://127.0.0.1:8080", "http://evil.example", "null", ""]) | HEADER_TEXT,
+    "Content-Type": st.sampled_from(["Application/JSON; charset=utf-8", "text/plain", "application/json;;",
+                                     "application/json; charset=utf-16", None]) | HEADER_TEXT,
+    "Content-Length": st.sampled_from(["short", "long", None, "", "0", "+5", " 5", "5 ", "-1", "abc", "1e3", "\u0663",
+                                       "99999999999999999999999"]) | HEADER_TEXT,
+    "Transfer-Encoding": st.sampled_from(["chunked", "gzip", "identity", ""]) | HEADER_TEXT,
+}
+CHANGES = [("POST", "/fabric/classes"), ("DELETE", "/fabric/classes"), ("POST", "/jobs"), ("DELETE", "/jobs/j1")]
+ENDPOINTS = st.sampled_from(CHANGES) | st.sampled_from(
+    [("GET", "/fabric"), ("GET", "/fabric/groups"), ("GET", "/fabric/ports"), ("GET", "/fabric/classes"),
+     ("GET", "/jobs")]) | st.tuples(
+    st.sampled_from(["GET", "POST", "DELETE", "PUT", "OPTIONS"]),
+    st.sampled_from(["/jobs/j1%0A", "/jobs/", "/jobs/%FF", "/jobs/j1/", "/nothing", "/fabric/classes%0A", "/fabric/"]))
+
+
+def state(app: FabricController, dp: FakeDatapath) -> tuple:
+    """What a request may change: the REST marks, the jobs, the marks on the switch."""
+    return list(app.core.wanted.rest), dict(app.core.wanted.jobs), dp.marks()
+
+
+@settings(max_examples=300, deadline=None)
+@given(ENDPOINTS, BODIES, st.data())
+def test_any_request_is_answered_with_one_line_of_json_and_a_refusal_changes_nothing(endpoint, body, data):
+    """A request to an endpoint, with a body near its schema or not, and a header or two unusual:
+    no 500, one line of JSON; a refused request changes nothing, and a change comes only of a
+    body framed by its Content-Length."""
+    method, path = endpoint
+    unusual = {name: data.draw(UNUSUAL[name], label=name)
+               for name in data.draw(st.lists(st.sampled_from(sorted(UNUSUAL)), max_size=2, unique=True))}
+    with controller_app() as app:
+        leaf = connect(app, 1, [A, B])
+        app.core.register_job(parse_job(job_doc()))
+        app.core.set_flow_classes(parse_post_classes({"flows": [FLOW]})[0])
+        app.install_marks()
+        req = build(method, path, body)
+        sent = int(req.environ.get("CONTENT_LENGTH") or 0)
+        for name, value in unusual.items():
+            value = {"short": str(max(sent - 1, 0)), "long": str(sent + 5)}.get(value, value)
+            if name == "Content-Length":  # as a server hands it to the app (no Content-Length: none)
+                req.environ.pop("CONTENT_LENGTH", None)
+                if value is not None:
+                    req.environ["CONTENT_LENGTH"] = value
+            elif value is None:
+                req.headers.pop(name, None)
+            else:
+                req.headers[name] = value
+        before = state(app, leaf)
+        answer = req.get_response(app.wsgi)
+        assert answer.status_int != 500 and app.core.errors.count == 0, answer.body[:300]
+        assert answer.content_type == "application/json" and b"\n" not in answer.body, answer.body[:300]
+        document = json.loads(answer.body)
+        if answer.status_int != 200:
+            assert set(document) == {"error"} and "Traceback" not in document["error"], document
+            assert state(app, leaf) == before, document
+        elif state(app, leaf) != before:
+            assert CONTENT_LENGTH.fullmatch(req.environ.get("CONTENT_LENGTH") or "0"), req.environ["CONTENT_LENGTH"]
+
+
+def test_a_content_length_that_is_no_byte_count_is_refused(fabric):
+    """webob reads such a body as none: a DELETE unmarked everything."""
+    request(fabric, "POST", "/fabric/classes", {"flows": [FLOW]})
+    for length in ("abc", "+1", " 13", "1e3", "-1", "\u0663"):
+        req = build("DELETE", "/fabric/classes", {"flows": [FLOW]})
+        req.environ["CONTENT_LENGTH"] = length
+        refused(req.get_response(fabric.wsgi), 400, "Content-Length: ")
+    assert len(fabric.core.wanted.rest) == 1
 
 
 # -- parsing, directly ----------------------------------------------------------------------------
@@ -751,3 +831,11 @@ def test_the_benchmark_sends_the_largest_bodies_allowed(fabric):
     for name, body in bodies.items():
         answer = request(fabric, "POST", "/jobs", body)
         assert answer.status_int == (200 if name == "largest valid job" else 400), name
+
+
+def test_the_benchmarks_flood_is_refused_429_past_the_rate_allowed(fabric):
+    """`make bench-rest` times the OpenFlow side under this flood: what is past the client's
+    share is refused."""
+    _, statuses = flood(fabric, seconds=0.5, guard=ClientGuard(rate=1, burst=5))
+    assert 5 <= statuses["200"] <= 6 and statuses["429"] > 0, statuses
+    assert set(statuses) <= {"200", "429", "reset"} and fabric.core.errors.count == 0, statuses
