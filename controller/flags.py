@@ -1,22 +1,17 @@
-"""Command-line options of the fabric app, registered with Ryu's config.
+"""The Ryu app's options (controller/options.py: AppOptions) registered with Ryu's config, and
+the REST API's address made 127.0.0.1 unless `--wsapi-host` says otherwise (Ryu's default,
+0.0.0.0, is every interface; ryu-manager's --help still shows it).
 
 Plain ryu-manager loads them with `--user-flags controller/flags.py`; `python -m controller`
 imports this module before Ryu parses its arguments.
 """
 from ryu import cfg
+from ryu.app import wsgi  # noqa: F401  (registers --wsapi-host and --wsapi-port)
 
-from controller.routing import LB_MODES
+from controller.options import RYU_GROUP, ryu_options
 
 # ryu-manager loads this file by path (--user-flags) before parsing, and app.py imports it again
 # as a module after parsing, when registering would fail: register once.
-if "fabric" not in cfg.CONF:
-    cfg.CONF.register_cli_opts([
-        cfg.StrOpt("lb", default="ecmp", choices=LB_MODES,
-                   help="load balancing over equal-cost paths: " + ", ".join(LB_MODES)),
-        cfg.FloatOpt("stats-interval", default=1.0, help="seconds between port/group stat polls"),
-        cfg.StrOpt("stats-csv", default="", help="append port statistics to this CSV file"),
-        cfg.FloatOpt("probe-interval", default=1.0, help="seconds between link-discovery probes"),
-        cfg.StrOpt("hosts-file", default="",
-                   help="JSON list of hosts known in advance ({ip, mac, dpid, port}): routed as soon as "
-                        "their switch connects, e.g. after a controller restart"),
-    ], group="fabric")
+if RYU_GROUP not in cfg.CONF:
+    cfg.CONF.register_cli_opts(ryu_options(cfg), group=RYU_GROUP)
+cfg.CONF.set_default("wsapi_host", "127.0.0.1")

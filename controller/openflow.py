@@ -132,6 +132,18 @@ def port_is_up(port: parser.OFPPort) -> bool:
     return not (port.state & ofp.OFPPS_LINK_DOWN or port.config & ofp.OFPPC_PORT_DOWN)
 
 
+def port_description(ports: Iterable[parser.OFPPort]) -> tuple[str | None, dict[int, tuple[str, bool]]]:
+    """A port-description reply's body as the switch's name (its local port's; None without
+    one) and its ports: number -> (name, up)."""
+    name, described = None, {}
+    for port in ports:
+        if port.port_no == OFPP_LOCAL:
+            name = port.name.decode()
+        elif port.port_no <= OFPP_MAX:
+            described[port.port_no] = (port.name.decode(), port_is_up(port))
+    return name, described
+
+
 def is_port_deleted(reason: int) -> bool:
     """A port-status reason saying the port is gone."""
     return reason == ofp.OFPPR_DELETE

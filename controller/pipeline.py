@@ -126,7 +126,7 @@ def route_changes(installed: Mapping[int, SwitchPlan],
 
 
 # -- DSCP marks -----------------------------------------------------------------------------------
-class Marking:
+class WantedMarks:
     """The flow classes wanted: those set over REST and every registered training job's. Each
     change is checked against the limits first and refused whole (CapacityError)."""
 
@@ -263,10 +263,11 @@ class Arp:
 
 # -- packets held behind barriers -----------------------------------------------------------------
 class Held:
-    """Packet-outs waiting for barrier replies (dpid, xid)."""
+    """Packet-outs waiting for the replies to barrier requests, each (dpid, the request): a
+    request's xid is set when it is sent, after it was decided."""
 
-    def __init__(self, awaited: set[tuple[int, int]], packet_outs: list[tuple[int, Message]]):
-        self.awaited = set(awaited)
+    def __init__(self, awaited: list[tuple[int, Message]], packet_outs: list[tuple[int, Message]]):
+        self.awaited = list(awaited)
         self.packet_outs = packet_outs
 
 
@@ -276,8 +277,8 @@ class HeldPackets:
     def __init__(self) -> None:
         self._held: list[Held] = []
 
-    def hold(self, awaited: set[tuple[int, int]], packet_outs: list[tuple[int, Message]]) -> Held:
-        """Hold `packet_outs` until each barrier (dpid, xid) in `awaited` is answered."""
+    def hold(self, awaited: list[tuple[int, Message]], packet_outs: list[tuple[int, Message]]) -> Held:
+        """Hold `packet_outs` until each barrier request (dpid, request) in `awaited` is answered."""
         held = Held(awaited, packet_outs)
         self._held.append(held)
         return held
@@ -286,7 +287,7 @@ class HeldPackets:
         """A barrier reply: the packet-outs it was the last wait of."""
         released = []
         for held in list(self._held):
-            held.awaited.discard((dpid, xid))
+            held.awaited = [(d, request) for d, request in held.awaited if (d, request.xid) != (dpid, xid)]
             if not held.awaited:
                 released += self.release(held)
         return released

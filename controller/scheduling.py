@@ -14,6 +14,7 @@ decorate with `@register`.
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Iterable, Sequence
 
@@ -32,6 +33,16 @@ MAX_LAYER_BYTES = 1 << 40
 MAX_MS = 1e9
 INDEX = f"a layer index, an integer 0..{MAX_INDEX}"
 MILLISECONDS = "milliseconds, 0 <= ms < 1e9"
+
+
+# A job's id: what the runner sends (run0, run1, ...) and what a URL path and a log line carry
+# as they are; DELETE /jobs/<id> matches it exactly.
+JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+JOB_ID_ALLOWED = "1 to 64 of A-Z a-z 0-9 . _ -, the first a letter or digit"
+
+
+def is_job_id(text: str) -> bool:
+    return JOB_ID.fullmatch(text) is not None
 
 
 def is_index(index: int) -> bool:
@@ -75,7 +86,7 @@ class FlowEntry:
 class JobDocument:
     """The job document of `POST /jobs`, declared on the schema engine (common/schema.py);
     `parse_job` builds it and makes a RegisteredJob of it. The policy is one of the registry's."""
-    job: str = knob(allowed="a non-empty name without '/'", check=lambda name: name != "" and "/" not in name)
+    job: str = knob(allowed=JOB_ID_ALLOWED, check=is_job_id)
     policy: str = knob(choices=lambda: list(CLASS_POLICIES))
     hosts: list[str] = knob(allowed='a non-empty list of IPv4 addresses such as "10.0.0.1"', check=bool,
                             each=is_ipv4)

@@ -10,7 +10,9 @@ every way it can leave: one per choice of bucket in each select group it crosses
 whose watched port is down never chosen.
 
 `FakeFabric` wires fake switches as a FabricView's links and hosts and follows a packet from a
-host, or a packet-out from the controller, to wherever it ends.
+host, or a packet-out from the controller, to wherever it ends. `FakeNetwork` connects such a
+fabric to a controller and runs the exchange (port descriptions, packet-ins, barrier replies):
+`CoreNetwork` to a ControllerCore, tests/unit/controller/test_app.py's to the Ryu app.
 """
 from __future__ import annotations
 
@@ -19,11 +21,13 @@ import struct
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from ryu.lib.packet import ethernet, ipv4, packet, tcp, udp
+from ryu.lib.packet import arp, ethernet, ipv4, packet, tcp, udp
 from ryu.ofproto import ofproto_parser
 from ryu.ofproto import ofproto_v1_5 as ofp
 from ryu.ofproto import ofproto_v1_5_parser as parser
 
+from controller import openflow
+from controller.core import Answer, ControllerCore
 from controller.topology import FabricView
 
 Packet = dict  # match field -> value: in_port, eth_type, ipv4_src, ..., ip_dscp
@@ -36,7 +40,7 @@ NTR_VENDOR_ID, NTRT_SELECTION_METHOD = 0x0000154D, 1  # the selection-method gro
 IP_FIELDS = {"ipv4_src", "ipv4_dst", "ip_proto", "ip_dscp"}
 L4_PROTO = {"tcp_src": 6, "tcp_dst": 6, "udp_src": 17, "udp_dst": 17}
 FIELDS = {"in_port", "eth_type"} | IP_FIELDS | set(L4_PROTO)
-ETH_IP = 0x0800
+ETH_IP, ETH_ARP = 0x0800, 0x0806
 
 
 class FakeSwitchError(Exception):
@@ -91,6 +95,31 @@ def fields_of(data: bytes) -> Packet:
             name = proto.__name__
             fields.update({f"{name}_src": l4.src_port, f"{name}_dst": l4.dst_port})
     return fields
+
+
+def host_mac(host: str) -> str:
+    """The MAC address of the test host with IPv4 address `host` (its last byte)."""
+    return f'02:00:00:00:00:{int(host.rsplit(".", 1)[1]):02x}'
+
+
+def arp_frame(opcode: int, src: str, dst: str) -> bytes:
+    """An ARP request or reply (`opcode`) from host `src` about host `dst`, broadcast."""
+    frame = packet.Packet()
+    frame.add_protocol(ethernet.ethernet("ff:ff:ff:ff:ff:ff", host_mac(src), ETH_ARP))
+    frame.add_protocol(arp.arp(opcode=opcode, src_mac=host_mac(src), src_ip=src,
+                               dst_mac="00:00:00:00:00:00", dst_ip=dst))
+    frame.serialize()
+    return bytes(frame.data)
+
+
+def tcp_frame(src: str, dst: str, dport: int = 5001) -> bytes:
+    """A TCP segment from host `src` to host `dst`."""
+    frame = packet.Packet()
+    frame.add_protocol(ethernet.ethernet(host_mac(dst), host_mac(src), ETH_IP))
+    frame.add_protocol(ipv4.ipv4(src=src, dst=dst, proto=6))
+    frame.add_protocol(tcp.tcp(src_port=40000, dst_port=dport))
+    frame.serialize()
+    return bytes(frame.data)
 
 
 def _bits(name: str, value: object) -> int:
@@ -378,3 +407,159 @@ class FakeFabric:
         if (dpid, port) in self.links:
             return self._arrive(*self.links[(dpid, port)], pkt, data, hops)
         return [Delivery(self.hosts.get((dpid, port), "dropped"), hops, data)]
+
+
+class FakeNetwork:
+    """Fake switches wired as `wiring` (a FabricView of the real fabric, which the controller
+    does not see), connected to a controller. What the controller sends waits in each switch's
+    outbox until `run` hands it over; what the switches answer (a port description, packet-ins,
+    barrier replies) goes back to the controller as events, through the methods a subclass
+    defines: `switch_features`, `port_desc_reply`, `switch_gone`, `port_status`, `packet_in`,
+    `barrier_reply`."""
+
+    def __init__(self, wiring: FabricView) -> None:
+        self.wiring = wiring
+        self.fabric = FakeFabric(wiring)
+        self.outbox: dict[int, list] = {dpid: [] for dpid in self.fabric.switches}
+        self.xids = dict.fromkeys(self.fabric.switches, 0)
+        self.received: dict[str, list[bytes]] = {}  # host -> frames it got
+        self.hold_barriers = False
+        self.barrier_replies: list[tuple[int, int]] = []  # (dpid, xid) held back
+
+    # -- what the controller's events are (a subclass's) -----------------------------------
+    def switch_features(self, dpid: int) -> None:
+        raise NotImplementedError
+
+    def port_desc_reply(self, dpid: int, ports: list[parser.OFPPort]) -> None:
+        raise NotImplementedError
+
+    def switch_gone(self, dpid: int) -> None:
+        raise NotImplementedError
+
+    def port_status(self, dpid: int, port: parser.OFPPort, reason: int) -> None:
+        raise NotImplementedError
+
+    def packet_in(self, dpid: int, in_port: int, data: bytes) -> None:
+        raise NotImplementedError
+
+    def barrier_reply(self, dpid: int, xid: int) -> None:
+        raise NotImplementedError
+
+    # -- the network ------------------------------------------------------------------------
+    def queue(self, dpid: int, msg: parser.MsgBase) -> None:
+        """A message the controller sent to switch `dpid` (its connection sets the xid)."""
+        if msg.xid is None:
+            self.xids[dpid] += 1
+            msg.set_xid(self.xids[dpid])
+        self.outbox[dpid].append(msg)
+
+    def run(self) -> None:
+        """Hand what the controller sent to the switches, and what they answer to the
+        controller, until nothing moves (barrier replies wait while `hold_barriers`)."""
+        while any(self.outbox.values()):
+            for dpid, box in self.outbox.items():
+                while box:
+                    self.switch_gets(dpid, box.pop(0))
+
+    def switch_gets(self, dpid: int, msg: parser.MsgBase) -> None:
+        if isinstance(msg, parser.OFPPortDescStatsRequest):
+            self.port_desc_reply(dpid, self.port_descs(dpid))
+        elif isinstance(msg, parser.OFPPacketOut):
+            for end in self.fabric.packet_out(dpid, msg):
+                self.arrived(end)
+        elif isinstance(msg, parser.OFPBarrierRequest):
+            self.fabric.switches[dpid].apply([msg])
+            if self.hold_barriers:
+                self.barrier_replies.append((dpid, msg.xid))
+            else:
+                self.barrier_reply(dpid, msg.xid)
+        elif not isinstance(msg, (parser.OFPPortStatsRequest, parser.OFPGroupStatsRequest)):
+            self.fabric.switches[dpid].apply([msg])
+
+    def connect(self, dpid: int) -> None:
+        """Switch `dpid` connects (again): it answers the controller's requests."""
+        self.switch_features(dpid)
+        self.run()
+
+    def release_barriers(self) -> None:
+        replies, self.barrier_replies = self.barrier_replies, []
+        for dpid, xid in replies:
+            self.barrier_reply(dpid, xid)
+        self.run()
+
+    def port_descs(self, dpid: int) -> list[parser.OFPPort]:
+        switch = self.wiring.switches[dpid]
+        local = parser.OFPPort(port_no=ofp.OFPP_LOCAL, name=switch.name.encode(), config=0, state=0)
+        return [local] + [self.port(dpid, p) for p in sorted(switch.ports)]
+
+    def port(self, dpid: int, port: int) -> parser.OFPPort:
+        down = port in self.fabric.switches[dpid].dead
+        name = f"{self.wiring.switches[dpid].name}-eth{port}"
+        return parser.OFPPort(port_no=port, name=name.encode(), config=0,
+                              state=ofp.OFPPS_LINK_DOWN if down else 0)
+
+    def arrived(self, end: Delivery) -> None:
+        if end.end == CONTROLLER:
+            dpid, pkt = end.hops[-1]
+            self.packet_in(dpid, pkt["in_port"], end.data)
+        elif end.end != "dropped":
+            self.received.setdefault(end.end, []).append(end.data)
+
+    def send(self, host: str, data: bytes) -> list[Delivery]:
+        """Host `host` sends the frame `data`; every way it can end."""
+        ends = self.fabric.send(host, fields_of(data), data)
+        for end in ends:
+            self.arrived(end)
+        self.run()
+        return ends
+
+    def cut(self, end: tuple[int, int]) -> None:
+        """A link goes down: each end's switch reports its port."""
+        for dpid, port in (end, self.fabric.cut(end)):
+            self.port_status(dpid, self.port(dpid, port), ofp.OFPPR_MODIFY)
+        self.run()
+
+
+class CoreNetwork(FakeNetwork):
+    """A FakeNetwork whose controller is a ControllerCore (controller/core.py), driven as the
+    Ryu app drives it: each event is the core's call, its answer is sent, then the marks that
+    changed. Packets the core holds behind barriers wait in `held` (the app releases them after
+    a timeout: `core.release`). `now` is the clock the core is told."""
+
+    def __init__(self, core: ControllerCore, wiring: FabricView, now: float = 0.0) -> None:
+        super().__init__(wiring)
+        self.core, self.now = core, now
+        self.held: list = []
+
+    def deliver(self, answer: Answer) -> None:
+        for dpid, msg in answer.messages:
+            self.queue(dpid, msg)
+        if answer.held is not None:
+            self.held.append(answer.held)
+        for dpid, msg in self.core.mark_updates():
+            self.queue(dpid, msg)
+
+    def disconnect(self, dpid: int) -> None:
+        """Switch `dpid`'s connection closes (what was on its way is lost)."""
+        self.outbox[dpid].clear()
+        self.switch_gone(dpid)
+        self.run()
+
+    def switch_features(self, dpid: int) -> None:
+        self.deliver(self.core.switch_connected(dpid))
+
+    def port_desc_reply(self, dpid: int, ports: list[parser.OFPPort]) -> None:
+        self.deliver(self.core.port_description(dpid, *openflow.port_description(ports)))
+
+    def switch_gone(self, dpid: int) -> None:
+        self.deliver(self.core.switch_gone(dpid))
+
+    def port_status(self, dpid: int, port: parser.OFPPort, reason: int) -> None:
+        self.deliver(self.core.port_status(dpid, port.port_no, port.name.decode(), openflow.port_is_up(port),
+                                           openflow.is_port_deleted(reason)))
+
+    def packet_in(self, dpid: int, in_port: int, data: bytes) -> None:
+        self.deliver(self.core.packet_in(dpid, in_port, data, self.now))
+
+    def barrier_reply(self, dpid: int, xid: int) -> None:
+        self.deliver(self.core.barrier_reply(dpid, xid))

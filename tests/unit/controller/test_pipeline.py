@@ -11,7 +11,7 @@ from ryu.ofproto import ofproto_v1_5 as ofp
 
 from controller import openflow, pipeline
 from controller.openflow import ETH_ARP, ETH_IP, ETH_LLDP
-from controller.pipeline import (FLOOD_ECHO_S, PROBE_MAGIC, Arp, HeldPackets, Marking,
+from controller.pipeline import (FLOOD_ECHO_S, PROBE_MAGIC, Arp, HeldPackets, WantedMarks,
                                  base_pipeline, mark_changes, mark_update, marks_by_switch,
                                  probe, probe_origin, route_changes)
 from controller.priority import FlowClass
@@ -189,12 +189,12 @@ def test_the_barrier_set_is_exactly_the_switches_whose_routes_changed():
 
 
 # -- DSCP marks -----------------------------------------------------------------------------------
-def sync_marks(fabric, view, marking, have):
-    """Bring every fake switch's marks to those `marking` wants, as the app does; `have` is what
+def sync_marks(fabric, view, wanted, have):
+    """Bring every fake switch's marks to those `wanted` holds, as the app does; `have` is what
     each switch holds (dpid -> key -> class), updated."""
-    wanted = marks_by_switch(view, marking.classes())
+    by_switch = marks_by_switch(view, wanted.classes())
     for dpid in fabric.switches:
-        held, want = have.setdefault(dpid, {}), wanted.get(dpid, {})
+        held, want = have.setdefault(dpid, {}), by_switch.get(dpid, {})
         for key in mark_changes(held, want):
             update = mark_update(held.get(key), want.get(key))
             fabric.switches[dpid].apply([update])
@@ -226,16 +226,16 @@ def job_fabric(name):
     hosts = sorted(view.hosts.values(), key=lambda h: (h.dpid, h.port))
     a, neighbour, b, c = hosts[0], hosts[1], hosts[2], hosts[-1]  # a's neighbour: no job host
     assert a.dpid == neighbour.dpid != b.dpid
-    marking = Marking()
-    marking.register(three_layer_job(a.ip, b.ip, c.ip))
+    wanted = WantedMarks()
+    wanted.register(three_layer_job(a.ip, b.ip, c.ip))
     have = {}
-    sync_marks(fabric, view, marking, have)
-    return view, fabric, marking, have, (a.ip, neighbour.ip, b.ip, c.ip)
+    sync_marks(fabric, view, wanted, have)
+    return view, fabric, wanted, have, (a.ip, neighbour.ip, b.ip, c.ip)
 
 
 @pytest.mark.parametrize("name", FABRICS)
 def test_a_jobs_classes_mark_its_flows_at_the_ingress_switch_only(name):
-    view, fabric, marking, have, (a, _, b, c) = job_fabric(name)
+    view, fabric, wanted, have, (a, _, b, c) = job_fabric(name)
     marks_on = {d for d, switch in fabric.switches.items() if len(switch.flows(0)) > 1}
     assert marks_on == {view.hosts[h].dpid for h in (a, b, c)}
     for src, pkt, dscp in [
@@ -246,8 +246,8 @@ def test_a_jobs_classes_mark_its_flows_at_the_ingress_switch_only(name):
             (a, udp(a, c), 0), (c, tcp(c, a), 0), (a, tcp(a, b, dport=5001, sport=1), 48)]:
         length = hop_counts(view, view.hosts[pkt["ipv4_dst"]].dpid)[view.hosts[src].dpid] + 1
         assert marked(fabric, src, pkt) == {(dscp,) * length}, (src, pkt)
-    marking.remove("j1")
-    sync_marks(fabric, view, marking, have)
+    wanted.remove("j1")
+    sync_marks(fabric, view, wanted, have)
     assert all(len(switch.flows(0)) == 1 for switch in fabric.switches.values()), "unmarked"
     assert marked(fabric, a, tcp(a, b, dport=5001)) == {(0,) * 3}
 
@@ -255,13 +255,13 @@ def test_a_jobs_classes_mark_its_flows_at_the_ingress_switch_only(name):
 @pytest.mark.parametrize("name", FABRICS)
 def test_lower_effort_datagrams_of_a_jobs_hosts_go_to_cs1(name):
     """LE (1) -> CS1 (8) wins over the flow's own class; a host outside the job keeps LE."""
-    view, fabric, marking, _, (a, neighbour, b, c) = job_fabric(name)
+    view, fabric, wanted, _, (a, neighbour, b, c) = job_fabric(name)
     for src, pkt, dscp in [(a, tcp(a, b, dport=5001, dscp=1), 8), (c, udp(c, a, dscp=1), 8),
                            (b, udp(b, c, dscp=1), 8), (a, udp(a, b, dscp=2), 2),
                            (neighbour, tcp(neighbour, b, dscp=1), 1)]:
         assert {path[-1] for path in marked(fabric, src, pkt)} == {dscp}, (src, pkt)
     le = [(f.src, f.dst, f.in_dscp, f.dscp, pipeline.mark_priority(f))
-          for f in marks_by_switch(view, marking.classes())[view.hosts[a].dpid].values()
+          for f in marks_by_switch(view, wanted.classes())[view.hosts[a].dpid].values()
           if f.in_dscp is not None]
     assert le == [(a, None, 1, 8, pipeline.PRIO_MARK_BY_DSCP)]
     assert pipeline.PRIO_MARK_BY_DSCP > pipeline.PRIO_MARK
@@ -273,17 +273,17 @@ def test_marks_follow_the_latest_class_and_are_replaced_in_place():
     view = leaf_spine(2, 2, 2)
     fabric, _ = installed(view, "ecmp")
     a, b = ip(1), ip(3)
-    marking, have = Marking(), {}
+    wanted, have = WantedMarks(), {}
     rest = FlowClass(a, b, 16, "tcp", None, 5001)
-    marking.set_rest([rest])
-    sync_marks(fabric, view, marking, have)
+    wanted.set_rest([rest])
+    sync_marks(fabric, view, wanted, have)
     assert marked(fabric, a, tcp(a, b)) == {(16, 16, 16)}
-    marking.register(three_layer_job(a, b, ip(4)))
-    sync_marks(fabric, view, marking, have)
+    wanted.register(three_layer_job(a, b, ip(4)))
+    sync_marks(fabric, view, wanted, have)
     assert marked(fabric, a, tcp(a, b)) == {(48, 48, 48)}
     assert len(fabric.switches[LEAF + 1].flows(0)) == 1 + 2, "miss, the flow, LE of a"
-    marking.remove("j1")
-    sync_marks(fabric, view, marking, have)
+    wanted.remove("j1")
+    sync_marks(fabric, view, wanted, have)
     assert marked(fabric, a, tcp(a, b)) == {(16, 16, 16)}
     assert mark_update(rest, rest) is None and mark_update(None, None) is None
 
@@ -404,10 +404,19 @@ def test_arp_learns_the_sender_delivers_to_a_known_target_and_ignores_its_own_ec
 
 
 # -- packets held behind barriers -----------------------------------------------------------------
+def sent_barrier(xid: int):
+    """A barrier request as the switch's connection left it: with its xid."""
+    request = openflow.barrier()
+    request.set_xid(xid)
+    return request
+
+
 def test_held_packets_go_once_every_barrier_is_answered_or_at_the_timeout():
     held = HeldPackets()
-    first = held.hold({(1, 10), (2, 11)}, [(3, "arp reply")])
-    second = held.hold({(2, 12)}, [(4, "other")])
+    unsent = openflow.barrier()  # held before it is sent: its xid comes later
+    first = held.hold([(1, unsent), (2, sent_barrier(11))], [(3, "arp reply")])
+    second = held.hold([(2, sent_barrier(12))], [(4, "other")])
+    unsent.set_xid(10)
     assert held.answered(1, 10) == [] and held.answered(9, 10) == []
     assert held.answered(2, 11) == [(3, "arp reply")]
     assert held.release(first) == [] and held.answered(2, 11) == [], "released once"

@@ -5,26 +5,30 @@ requests to every endpoint, how long a request may hold the OpenFlow side, and i
 connections to the server."""
 import controller.manager  # noqa: F401  (the eventlet shim, before ryu.app.wsgi)
 
+import contextlib
 import dataclasses
 import gc
+import itertools
 import json
 import logging
 import resource
+import socket
 import time
 
 import eventlet
 import pytest
 import webob
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import given, settings, strategies as st
 from ryu.lib import hub
 from ryu.ofproto import ofproto_v1_5, ofproto_v1_5_parser
 
 from controller.app import FabricController
-from controller.bench import longest_hold, worst_bodies
+from controller.bench import flood, longest_hold, worst_bodies
 from controller.pipeline import MAX_JOBS
 from controller.priority import MAX_FLOWS, MAX_MARKS, FlowClass
-from controller.rest import (MAX_BODY_BYTES, MAX_CONNECTIONS, MAX_JSON_DEPTH, json_shape,
-                             parse_marking, parse_unmarking, serve)
+from controller.rest import (CONTENT_LENGTH, MAX_BODY_BYTES, MAX_CLIENT_CONNECTIONS, MAX_CONNECTIONS,
+                             MAX_JSON_DEPTH, ClientGuard, json_shape, parse_delete_classes, parse_post_classes,
+                             serve)
 from controller.scheduling import MAX_HOSTS, MAX_LAYERS, FlowEntry, JobDocument, Layer, parse_job
 from helpers.loopback import free_port
 
@@ -69,24 +73,33 @@ class FakeDatapath:
         return held
 
 
-@pytest.fixture
-def fabric():
+@contextlib.contextmanager
+def controller_app():
     """The real controller app with no switch (Ryu's app manager is not running, nor are the
     app's probe and statistics loops)."""
     app = FabricController()
     for thread in app.threads:
         hub.kill(thread)
-    yield app
-    logging.getLogger().removeHandler(app.errors)
+    try:
+        yield app
+    finally:
+        logging.getLogger().removeHandler(app.core.errors)
+
+
+@pytest.fixture
+def fabric():
+    with controller_app() as app:
+        yield app
 
 
 def connect(app: FabricController, dpid: int, hosts: list[str]) -> FakeDatapath:
-    """A switch with `hosts` on ports 1.., learnt as the app learns them (no OpenFlow)."""
+    """A switch with `hosts` on ports 1.., learnt as the core learns them; what the core answers
+    is dropped (only the marks the app installs reach the FakeDatapath)."""
     dp = app.datapaths[dpid] = FakeDatapath(dpid)
-    app.view.add_switch(dpid, f"leaf{dpid}",
-                        {p: (f"eth{p}", True) for p in range(1, len(hosts) + 2)})
+    app.core.switch_connected(dpid)
+    app.core.port_description(dpid, f"leaf{dpid}", {p: (f"eth{p}", True) for p in range(1, len(hosts) + 2)})
     for port, ip in enumerate(hosts, 1):
-        app.view.learn_host(ip, f"02:00:00:00:{dpid:02x}:{port:02x}", dpid, port)
+        app.core.view.learn_host(ip, f"02:00:00:00:{dpid:02x}:{port:02x}", dpid, port)
     return dp
 
 
@@ -134,14 +147,14 @@ def test_a_body_not_sent_as_json_is_refused_415(fabric, content_type):
                     content_type=content_type), 415, "Content-Type: ")
     refused(request(fabric, "DELETE", "/fabric/classes", {"flows": [FLOW]},
                     content_type=content_type), 415, "Content-Type: ")
-    assert fabric.marking.rest == [] and fabric.marking.jobs == {}
+    assert fabric.core.wanted.rest == [] and fabric.core.wanted.jobs == {}
 
 
 @pytest.mark.parametrize("content_type", ["application/json", "application/json; charset=utf-8",
                                           "Application/JSON;charset=UTF-8"])
 def test_json_with_parameters_is_taken(fabric, content_type):
     resp = request(fabric, "POST", "/fabric/classes", {"flows": [FLOW]}, content_type=content_type)
-    assert resp.status_int == 200 and len(fabric.marking.rest) == 1
+    assert resp.status_int == 200 and len(fabric.core.wanted.rest) == 1
 
 
 def test_a_post_always_needs_a_json_body(fabric):
@@ -156,7 +169,7 @@ def test_a_foreign_host_header_is_refused_403(fabric, host):
     for method, path, body in [("GET", "/jobs", None), ("DELETE", "/fabric/classes", None),
                                ("POST", "/fabric/classes", {"flows": [FLOW]})]:
         refused(request(fabric, method, path, body, host=host), 403, "Host: ")
-    assert fabric.marking.rest == []
+    assert fabric.core.wanted.rest == []
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1:8080", "localhost:8080", "LOCALHOST:8080"])
@@ -171,7 +184,7 @@ def test_a_cross_site_origin_is_refused_403(fabric, origin):
     refused(request(fabric, "POST", "/fabric/classes", {"flows": [FLOW]}, origin=origin), 403,
             "Origin: ")
     refused(request(fabric, "GET", "/fabric", origin=origin), 403, "Origin: ")
-    assert fabric.marking.rest == []
+    assert fabric.core.wanted.rest == []
 
 
 @pytest.mark.parametrize("origin", ["http://127.0.0.1:8080", "http://localhost:8080"])
@@ -235,11 +248,11 @@ DEEP = b"[" * 100_000 + b"]" * 100_000
      "body: nested deeper than"),
     ("/fabric/classes", b'{"flows": ' + b"[" * (MAX_JSON_DEPTH - 1) + b"]" * (MAX_JSON_DEPTH - 1)
      + b"}", "flows.0: [["),
-    ("/jobs", b'{"job": "' + b"[" * 50 + b'"}', "policy: "),  # brackets in a string: no nesting
+    ("/jobs", b'{"job": "j1", "policy": "' + b"[" * 50 + b'"}', "policy: "),  # in a string: no nesting
 ])
 def test_a_malformed_body_is_refused_400_naming_the_field(fabric, path, body, field):
     refused(request(fabric, "POST", path, body), 400, field)
-    assert fabric.marking.rest == [] and fabric.marking.jobs == {} and fabric.errors.count == 0
+    assert fabric.core.wanted.rest == [] and fabric.core.wanted.jobs == {} and fabric.core.errors.count == 0
 
 
 @pytest.mark.parametrize("body, field", [
@@ -254,7 +267,7 @@ def test_a_malformed_body_is_refused_400_naming_the_field(fabric, path, body, fi
 def test_a_malformed_delete_unmarks_nothing(fabric, body, field):
     assert request(fabric, "POST", "/fabric/classes", {"flows": [FLOW]}).status_int == 200
     refused(request(fabric, "DELETE", "/fabric/classes", body), 400, field)
-    assert len(fabric.marking.rest) == 1
+    assert len(fabric.core.wanted.rest) == 1
 
 
 def test_too_big_a_body_is_refused_413(fabric):
@@ -272,17 +285,17 @@ def test_a_chunked_body_is_refused_411(fabric):
     request(fabric, "POST", "/fabric/classes", {"flows": [FLOW]})
     refused(request(fabric, "DELETE", "/fabric/classes", {"flow": [FLOW]},
                     transfer_encoding="chunked"), 411, "body: ")
-    assert len(fabric.marking.rest) == 1
+    assert len(fabric.core.wanted.rest) == 1
 
 
 def test_a_bug_answers_500_with_one_line_and_is_logged(fabric, monkeypatch, caplog):
     def broken():
         raise KeyError("oops")
 
-    monkeypatch.setattr(fabric, "describe", broken)
+    monkeypatch.setattr(fabric.core, "describe", broken)
     error = refused(request(fabric, "GET", "/fabric"), 500, "internal error in GET /fabric")
     assert "Traceback" not in error and "oops" not in error
-    assert fabric.errors.count == 1 and "KeyError: 'oops'" in caplog.text
+    assert fabric.core.errors.count == 1 and "KeyError: 'oops'" in caplog.text
 
 
 # -- limits of what the controller holds --------------------------------------------------------
@@ -305,11 +318,11 @@ def test_marks_in_all_are_bounded_409(fabric):
     for first in range(0, MAX_MARKS, MAX_FLOWS):
         assert request(fabric, "POST", "/fabric/classes",
                        {"flows": flows(MAX_FLOWS, first)}).status_int == 200
-    assert len(fabric.marking.rest) == MAX_MARKS
+    assert len(fabric.core.wanted.rest) == MAX_MARKS
     refused(request(fabric, "POST", "/fabric/classes", {"flows": flows(1, MAX_MARKS)}), 409,
             "flows: ")
     refused(request(fabric, "POST", "/jobs", job_doc()), 409, "flows: ")
-    assert len(fabric.marking.rest) == MAX_MARKS and fabric.marking.jobs == {}, "nothing changed"
+    assert len(fabric.core.wanted.rest) == MAX_MARKS and fabric.core.wanted.jobs == {}, "nothing changed"
     assert request(fabric, "POST", "/fabric/classes",
                    {"flows": flows(1), "replace": True}).status_int == 200, "replace frees"
     assert request(fabric, "POST", "/jobs", job_doc()).status_int == 200
@@ -371,9 +384,34 @@ def test_jobs_register_replace_and_unregister(fabric):
     refused(request(fabric, "DELETE", "/jobs/j1", {"x": 1}), 400, "body: ")
 
 
-def test_unknown_paths_and_methods_are_404(fabric):
-    assert request(fabric, "GET", "/nothing").status_int == 404
-    assert request(fabric, "PUT", "/jobs", job_doc()).status_int == 404
+@pytest.mark.parametrize("job_id", ["run0", "run12", "resnet-ish", "a.b_c-1", "x" * 64, "0"])
+def test_a_job_is_deleted_by_its_exact_id(fabric, job_id):
+    assert request(fabric, "POST", "/jobs", job_doc(job_id)).status_int == 200
+    assert request(fabric, "POST", "/jobs", job_doc("other")).status_int == 200
+    for near in (f"{job_id}%0A", f"{job_id}%0A%0A", f"{job_id}%20", f"%20{job_id}", f"{job_id}.", f"{job_id}/",
+                 job_id.upper() if job_id.upper() != job_id else f"{job_id}X", f"{job_id}%00", f"{job_id}%C3%A9"):
+        answer = request(fabric, "DELETE", f"/jobs/{near}")
+        assert answer.status_int in (400, 404, 405), near
+        refused(answer, answer.status_int)
+        assert set(fabric.core.wanted.jobs) == {job_id, "other"}, near
+    assert request(fabric, "DELETE", f"/jobs/{job_id}").json == [request(fabric, "GET", "/jobs").json[0]]
+    assert set(fabric.core.wanted.jobs) == {"other"}
+
+
+@pytest.mark.parametrize("job_id", ["x\n", "\u0100", "x" * 65, "x" * 9000, "", ".", "..", "-x", "a b", "a/b", "a\r"])
+def test_a_job_id_the_api_cannot_address_is_refused(fabric, job_id):
+    refused(request(fabric, "POST", "/jobs", job_doc(job_id)), 400, "job: ")
+    assert fabric.core.wanted.jobs == {}
+
+
+def test_unknown_paths_are_404_and_methods_405(fabric):
+    for path in ("/nothing", "/fabric/", "/fabric\n", "/jobs\n", "//jobs", "/FABRIC", "/fabric/classes/x"):
+        refused(request(fabric, "GET", path), 404, "path: ")
+    refused(request(fabric, "PUT", "/jobs", job_doc()), 405, "method: 'PUT' is not allowed on /jobs (GET, POST)")
+    assert request(fabric, "PUT", "/jobs", job_doc()).headers["Allow"] == "GET, POST"
+    assert request(fabric, "HEAD", "/fabric").status_int == 405  # (an answer to HEAD has no body)
+    refused(request(fabric, "GET", "/jobs/j1"), 405, "method: ")
+    refused(request(fabric, "DELETE", "/jobs/j1", host="evil.example"), 403, "Host: "), "checked first"
 
 
 # -- random documents never break it ------------------------------------------------------------
@@ -401,45 +439,116 @@ JOBS = objects(fields(JobDocument), VALUES | st.lists(objects(fields(Layer)), ma
 MARKINGS = objects(("flows", "replace"), VALUES | st.lists(FLOW_CLASSES, max_size=3)) | VALUES
 
 
-@settings(max_examples=150, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.sampled_from(["POST /jobs", "POST /fabric/classes", "DELETE /fabric/classes"]),
-       st.data())
-def test_random_documents_never_give_500(fabric, endpoint, data):
-    method, path = endpoint.split()
-    document = data.draw(JOBS if path == "/jobs" else MARKINGS)
-    resp = request(fabric, method, path, json.dumps(document).encode())
-    assert resp.status_int in (200, 400, 409), resp.text
-    if resp.status_int != 200:
-        refused(resp, resp.status_int)
-    assert fabric.errors.count == 0
+DOCUMENTS = (JOBS | MARKINGS).map(lambda document: json.dumps(document).encode())
+PATHOLOGICAL = st.sampled_from([
+    b'{"job": "\\', b'{"job": "\\u12', b'{"job": "\\x"}', b'"\\ud800"', b'{"job": "\\udc00\\ud800"}',
+    b"[" * 100 + b"]" * 99, b"[" * 9 + b"]" * 9, b'{"flows": ' + b"[" * 8 + b"]" * 8 + b"}", b"{" * 50,
+    b'{"job": ' + b"9" * 5000 + b"}", b'{"job": 1e999}', b'{"job": -0.0e-999}', b'{"flows": [], "flows": []}',
+    b'{"replace": true, "replace": false}', b"\xef\xbb\xbf{}", b"\xff\xfe{}", b"\xc3", b"{}" + b" " * 10, b"null",
+    b"NaN", b'{"flows": [{"dscp": Infinity}]}', b"", b" ", b"{}{}", b"{}\x00",
+    ('{"job": "' + "\u00e9" * 100 + '"}').encode(),
+    b'{"\\u0000": 1}', '{"job": "\u2028run"}'.encode(), b'{"job": "run0", "policy": "fifo", "hosts": ["10.0.0.1"], '
+    b'"layers": [{"index": 0, "name": "\\n", "bytes": 1}]}', b"[" + b"1," * 5000 + b"1]"])
+RAW = st.binary(max_size=48) | st.text(alphabet='{}[]":,\\u0123456789eE.+-ntrufalsé\x00 ', max_size=48).map(str.encode)
+BODIES = st.none() | DOCUMENTS | PATHOLOGICAL | RAW
+HEADER_TEXT = st.text(st.characters(max_codepoint=0xFF), max_size=24)  # a header as the server decodes it
+# What a request's headers may have instead of what a well-behaved client sends (Content-Length:
+# "short" and "long" are one byte less and five more than the body).
+UNUSUAL = {
+    "Host": st.sampled_from(["localhost:8080", "LOCALHOST:8080", "evil.example", "127.0.0.1", "", None]) | HEADER_TEXT,
+    "Origin": st.sampled_from(["http://127.0.0.1:8080", "http://evil.example", "null", ""]) | HEADER_TEXT,
+    "Content-Type": st.sampled_from(["Application/JSON; charset=utf-8", "text/plain", "application/json;;",
+                                     "application/json; charset=utf-16", None]) | HEADER_TEXT,
+    "Content-Length": st.sampled_from(["short", "long", None, "", "0", "+5", " 5", "5 ", "-1", "abc", "1e3", "\u0663",
+                                       "99999999999999999999999"]) | HEADER_TEXT,
+    "Transfer-Encoding": st.sampled_from(["chunked", "gzip", "identity", ""]) | HEADER_TEXT,
+}
+CHANGES = [("POST", "/fabric/classes"), ("DELETE", "/fabric/classes"), ("POST", "/jobs"), ("DELETE", "/jobs/j1")]
+ENDPOINTS = st.sampled_from(CHANGES) | st.sampled_from(
+    [("GET", "/fabric"), ("GET", "/fabric/groups"), ("GET", "/fabric/ports"), ("GET", "/fabric/classes"),
+     ("GET", "/jobs")]) | st.tuples(
+    st.sampled_from(["GET", "POST", "DELETE", "PUT", "OPTIONS"]),
+    st.sampled_from(["/jobs/j1%0A", "/jobs/", "/jobs/%FF", "/jobs/j1/", "/nothing", "/fabric/classes%0A", "/fabric/"]))
+
+
+def state(app: FabricController, dp: FakeDatapath) -> tuple:
+    """What a request may change: the REST marks, the jobs, the marks on the switch."""
+    return list(app.core.wanted.rest), dict(app.core.wanted.jobs), dp.marks()
+
+
+@settings(max_examples=300, deadline=None)
+@given(ENDPOINTS, BODIES, st.data())
+def test_any_request_is_answered_with_one_line_of_json_and_a_refusal_changes_nothing(endpoint, body, data):
+    """A request to an endpoint, with a body near its schema or not, and a header or two unusual:
+    no 500, one line of JSON; a refused request changes nothing, and a change comes only of a
+    body framed by its Content-Length."""
+    method, path = endpoint
+    unusual = {name: data.draw(UNUSUAL[name], label=name)
+               for name in data.draw(st.lists(st.sampled_from(sorted(UNUSUAL)), max_size=2, unique=True))}
+    with controller_app() as app:
+        leaf = connect(app, 1, [A, B])
+        app.core.register_job(parse_job(job_doc()))
+        app.core.set_flow_classes(parse_post_classes({"flows": [FLOW]})[0])
+        app.install_marks()
+        req = build(method, path, body)
+        sent = int(req.environ.get("CONTENT_LENGTH") or 0)
+        for name, value in unusual.items():
+            value = {"short": str(max(sent - 1, 0)), "long": str(sent + 5)}.get(value, value)
+            if name == "Content-Length":  # as a server hands it to the app (no Content-Length: none)
+                req.environ.pop("CONTENT_LENGTH", None)
+                if value is not None:
+                    req.environ["CONTENT_LENGTH"] = value
+            elif value is None:
+                req.headers.pop(name, None)
+            else:
+                req.headers[name] = value
+        before = state(app, leaf)
+        answer = req.get_response(app.wsgi)
+        assert answer.status_int != 500 and app.core.errors.count == 0, answer.body[:300]
+        assert answer.content_type == "application/json" and b"\n" not in answer.body, answer.body[:300]
+        document = json.loads(answer.body)
+        if answer.status_int != 200:
+            assert set(document) == {"error"} and "Traceback" not in document["error"], document
+            assert state(app, leaf) == before, document
+        elif state(app, leaf) != before:
+            assert CONTENT_LENGTH.fullmatch(req.environ.get("CONTENT_LENGTH") or "0"), req.environ["CONTENT_LENGTH"]
+
+
+def test_a_content_length_that_is_no_byte_count_is_refused(fabric):
+    """webob reads such a body as none: a DELETE unmarked everything."""
+    request(fabric, "POST", "/fabric/classes", {"flows": [FLOW]})
+    for length in ("abc", "+1", " 13", "1e3", "-1", "\u0663"):
+        req = build("DELETE", "/fabric/classes", {"flows": [FLOW]})
+        req.environ["CONTENT_LENGTH"] = length
+        refused(req.get_response(fabric.wsgi), 400, "Content-Length: ")
+    assert len(fabric.core.wanted.rest) == 1
 
 
 # -- parsing, directly ----------------------------------------------------------------------------
-def test_parse_marking_and_unmarking():
-    assert parse_marking({}) == ([], False)
-    assert parse_marking({"flows": [FLOW], "replace": True}) == (
+def test_parse_post_classes_and_unmarking():
+    assert parse_post_classes({}) == ([], False)
+    assert parse_post_classes({"flows": [FLOW], "replace": True}) == (
         [FlowClass(A, B, 40, "tcp", None, 5001)], True)
-    assert parse_unmarking({}) is None
-    assert parse_unmarking({"flows": []}) == []
+    assert parse_delete_classes({}) is None
+    assert parse_delete_classes({"flows": []}) == []
     for bad in ({"replace": "true"}, {"flows": [FLOW], "x": 1}, {"flows": [{}]}):
         with pytest.raises(ValueError):
-            parse_marking(bad)
+            parse_post_classes(bad)
     for value in (None, 5, "x", FLOW):
         with pytest.raises(ValueError, match=r"^flows: .* is not allowed \(a list of flows\)$"):
-            parse_marking({"flows": value})
+            parse_post_classes({"flows": value})
     with pytest.raises(ValueError, match=r"^flows\.1\.src: "):
-        parse_marking({"flows": [FLOW, {**FLOW, "src": "h1"}]})
+        parse_post_classes({"flows": [FLOW, {**FLOW, "src": "h1"}]})
     with pytest.raises(ValueError, match=r"^flows: null is not allowed"):  # not "unmark all"
-        parse_unmarking({"flows": None})
+        parse_delete_classes({"flows": None})
     with pytest.raises(ValueError, match=r"^flow: unknown field \(did you mean flows\?\)$"):
-        parse_unmarking({"flow": [FLOW]})
+        parse_delete_classes({"flow": [FLOW]})
 
 
 @pytest.mark.parametrize("value", ["false", "true", 0, 1, None, [], {}])
 def test_a_boolean_is_a_json_boolean(value):
     with pytest.raises(ValueError, match=r"^replace: .* is not allowed \(true or false\)$"):
-        parse_marking({"replace": value})
+        parse_post_classes({"replace": value})
 
 
 def test_errors_quote_input_short():
@@ -541,30 +650,84 @@ def test_marks_end_as_the_last_request_wants_when_requests_interleave(fabric):
     assert not first.dead
     second = request(fabric, "POST", "/fabric/classes", {"flows": flows(3, 10), "replace": True})
     first.wait()
-    assert second.status_int == 200 and len(fabric.marking.rest) == 3
+    assert second.status_int == 200 and len(fabric.core.wanted.rest) == 3
     assert sorted(leaf1.marks().values()) == [40, 40, 40]
 
 
-# -- the server: idle connections time out --------------------------------------------------------
+# -- the server: connections time out, trickle and flood ------------------------------------------
+def client_address(n: int) -> str:
+    """A loopback address for the n-th client: a new one after every MAX_CLIENT_CONNECTIONS."""
+    block = n // MAX_CLIENT_CONNECTIONS
+    return f"127.1.{block // 250}.{block % 250 + 1}"
+
+
+def dial(port: int, address: str = "127.0.0.1"):
+    return eventlet.connect(("127.0.0.1", port), bind=(address, 0))
+
+
+def get_jobs(port: int) -> bytes:
+    return f"GET /jobs HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+
+
+def answer_of(sock, timeout_s: float = 5.0) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    answer = b""
+    with eventlet.Timeout(timeout_s):
+        try:
+            while chunk := sock.recv(4096):
+                answer += chunk
+        except ConnectionResetError:
+            pass
+    return answer
+
+
+def ask(port: int, address: str = "127.0.0.1") -> bytes:
+    """The server's answer to GET /jobs from `address`."""
+    sock = dial(port, address)
+    try:
+        sock.sendall(get_jobs(port))
+        return answer_of(sock)
+    finally:
+        sock.close()
+
+
+def one_line_error(answer: bytes, status: int, starts: str) -> str:
+    """The answer is `status` with a one-line JSON error starting with `starts`."""
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(f"HTTP/1.1 {status} ".encode()) and b"application/json" in head, answer
+    assert b"\n" not in body and set(json.loads(body)) == {"error"}, body
+    error = json.loads(body)["error"]
+    assert error.startswith(starts), error
+    return error
+
+
+@contextlib.contextmanager
+def serving(app: FabricController, **options):
+    """The app's REST API served on a free port of 127.0.0.1 (`options`: serve's)."""
+    port = free_port()
+    server = serve(app.wsgi, "127.0.0.1", port, **options)
+    try:
+        yield port
+    finally:
+        hub.kill(server)
+
+
 def test_idle_connections_time_out_and_the_api_still_answers(fabric):
-    """More idle clients than the server takes at once: they are closed after the timeout, and
-    a request queued behind them is answered (before, they hung the API for good)."""
+    """More idle clients than the server takes at once (from as many loopback addresses as the
+    connections allowed per client need): they are closed after the timeout, and a request
+    queued behind them is answered (before, they hung the API for good)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     connections = MAX_CONNECTIONS  # both ends of each connection are in this process
     if soft != resource.RLIM_INFINITY and soft < 2 * connections + 100:
         connections = (soft - 100) // 4
-    port, timeout_s = free_port(), 1.0
-    server = serve(fabric.wsgi, "127.0.0.1", port, timeout_s=timeout_s, connections=connections)
-    try:
+    timeout_s = 1.0
+    with serving(fabric, timeout_s=timeout_s, connections=connections) as port:
         start = time.monotonic()
-        idle = [eventlet.connect(("127.0.0.1", port)) for _ in range(connections + 6)]
+        idle = [dial(port, client_address(n)) for n in range(connections + 6)]
         assert time.monotonic() - start < timeout_s, "too slow to fill the server in time"
-        client = eventlet.connect(("127.0.0.1", port))
-        client.sendall(f"GET /jobs HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
-        with eventlet.Timeout(5):
-            answer = b""
-            while chunk := client.recv(4096):
-                answer += chunk
+        client = dial(port)
+        client.sendall(get_jobs(port))
+        answer = answer_of(client)
         assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"[]"), answer
         assert timeout_s < time.monotonic() - start < 3 * timeout_s, \
             "answered once the first idle ones timed out"
@@ -572,8 +735,91 @@ def test_idle_connections_time_out_and_the_api_still_answers(fabric):
             assert idle[0].recv(1) == b"", "the server closed the idle connection"
         for sock in idle + [client]:
             sock.close()
-    finally:
-        hub.kill(server)
+
+
+def trickle(sock, data: bytes, every_s: float, most_s: float) -> float | None:
+    """Send `data` a byte every `every_s` for at most `most_s`; how long until the server
+    answered or closed the connection (None: it never did)."""
+    start = time.monotonic()
+    for byte in itertools.cycle(data):
+        if time.monotonic() - start > most_s:
+            return None
+        try:
+            sock.sendall(bytes([byte]))
+            with eventlet.Timeout(every_s, False):
+                sock.recv(1, socket.MSG_PEEK)
+                return time.monotonic() - start
+        except (BrokenPipeError, ConnectionResetError):
+            return time.monotonic() - start
+
+
+def test_a_client_trickling_its_request_is_cut_off_at_the_deadline(fabric):
+    """A byte every 0.2 s: each read waits less than the timeout of 0.5 s, but the request as a
+    whole must be in within a second. Other requests, from the same client too, go on."""
+    with serving(fabric, timeout_s=0.5, deadline_s=1.0) as port:
+        headers = dial(port)
+        headers.sendall(b"GET /jobs HTTP/1.1\r\n")
+        cut = trickle(headers, b"X-Slow: aaaa", every_s=0.2, most_s=4.0)
+        assert cut is not None and 0.5 < cut < 3.0, cut
+        body = dial(port)
+        body.sendall(f"POST /jobs HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+                     "Content-Length: 100\r\n\r\n{".encode())
+        trickling = hub.spawn(trickle, body, b" ", every_s=0.2, most_s=4.0)
+        assert ask(port).startswith(b"HTTP/1.1 200 "), "a normal request meanwhile"
+        assert trickling.wait() is not None
+        one_line_error(answer_of(body), 400, "body: shorter than its Content-Length")
+        for sock in (headers, body):
+            sock.close()
+    assert fabric.core.errors.count == 0
+
+
+def test_a_client_with_too_many_connections_gets_429_and_others_get_through(fabric):
+    with serving(fabric, guard=ClientGuard(connections=3)) as port:
+        idle = [dial(port) for _ in range(3)]
+        one_line_error(ask(port), 429, "connections: 127.0.0.1 has 3 open, the most allowed")
+        assert ask(port, "127.0.0.2").startswith(b"HTTP/1.1 200 ")
+        idle.pop().close()
+        with eventlet.Timeout(5):
+            while not (answer := ask(port)).startswith(b"HTTP/1.1 200 "):
+                one_line_error(answer, 429, "connections: ")
+                hub.sleep(0.05)
+        for sock in idle:
+            sock.close()
+
+
+def test_a_flooding_client_gets_429_and_others_get_through(fabric):
+    with serving(fabric, guard=ClientGuard(rate=1, burst=3)) as port:
+        assert all(ask(port).startswith(b"HTTP/1.1 200 ") for _ in range(3))
+        answer = ask(port)
+        one_line_error(answer, 429, "requests: 127.0.0.1 sent more than 1 a second (bursts of 3)")
+        assert b"\r\nRetry-After: 1\r\n" in answer
+        assert ask(port, "127.0.0.2").startswith(b"HTTP/1.1 200 ")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_client_guard_refills_each_clients_bucket_and_forgets_idle_clients(monkeypatch):
+    clock = Clock()
+    guard = ClientGuard(connections=10, rate=2, burst=4, clock=clock)
+    assert [guard.admit("a") for _ in range(4)] == [None] * 4
+    assert guard.admit("a").startswith("requests: a ") and guard.admit("b") is None
+    clock.now += 0.5  # one token back
+    assert guard.admit("a") is None and guard.admit("a") is not None
+    for _ in range(5):
+        guard.closed("a")
+    assert "a" not in guard.open and guard.open["b"] == 1
+    monkeypatch.setattr("controller.rest.MAX_CLIENTS_KEPT", 8)
+    for n in range(20):
+        assert guard.admit(f"c{n}") is None
+        guard.closed(f"c{n}")
+        clock.now += 1.0  # every bucket full again
+    assert len(guard.buckets) <= 9 and "b" in guard.buckets, "b still has a connection open"
 
 
 def test_the_benchmark_sends_the_largest_bodies_allowed(fabric):
@@ -585,3 +831,11 @@ def test_the_benchmark_sends_the_largest_bodies_allowed(fabric):
     for name, body in bodies.items():
         answer = request(fabric, "POST", "/jobs", body)
         assert answer.status_int == (200 if name == "largest valid job" else 400), name
+
+
+def test_the_benchmarks_flood_is_refused_429_past_the_rate_allowed(fabric):
+    """`make bench-rest` times the OpenFlow side under this flood: what is past the client's
+    share is refused."""
+    _, statuses = flood(fabric, seconds=0.5, guard=ClientGuard(rate=1, burst=5))
+    assert 5 <= statuses["200"] <= 6 and statuses["429"] > 0, statuses
+    assert set(statuses) <= {"200", "429", "reset"} and fabric.core.errors.count == 0, statuses

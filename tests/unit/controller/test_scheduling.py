@@ -152,7 +152,10 @@ def flow_doc(**changes) -> dict:
 
 @pytest.mark.parametrize("changes, field", [
     ({"jobs": "x"}, "jobs"),
-    ({"job": ""}, "job"), ({"job": 7}, "job"), ({"job": "a/b"}, "job"),
+    ({"job": ""}, "job"), ({"job": 7}, "job"), ({"job": "a/b"}, "job"), ({"job": "x\n"}, "job"),
+    ({"job": "\u0100"}, "job"), ({"job": "é"}, "job"), ({"job": "x" * 65}, "job"), ({"job": "x" * 9000}, "job"),
+    ({"job": "."}, "job"), ({"job": ".."}, "job"), ({"job": "-x"}, "job"), ({"job": "a b"}, "job"),
+    ({"job": "a%0A"}, "job"), ({"job": "ｘ"}, "job"),
     ({"policy": "p3"}, "policy"), ({"policy": None}, "policy"), ({"policy": ["x"]}, "policy"),
     ({"hosts": []}, "hosts"), ({"hosts": "10.0.0.1"}, "hosts"), ({"hosts": ["h1"]}, "hosts.0"),
     ({"layers": []}, "layers"), ({"layers": [5]}, "layers.0"),
