@@ -8,10 +8,16 @@ the stricter of ours and its sender's: every DATA datagram says how many bytes m
 them for an exact message (docs/mlt.md: exact messages).  Completion rule, NACKs and advice:
 docs/mlt.md.
 
-Memory stays bounded whatever arrives: a DATA frame may declare at most max_message_bytes, and one
-peer's incomplete messages are capped in number (MAX_INCOMPLETE_MESSAGES) and bytes (INCOMPLETE_BYTES,
-or two of the job's largest messages); a fragment beyond that is dropped like a lost one, and the
-sender's probe brings it back once older messages completed.
+What a header may say is checked against what the receiver knows of its job, never trusted to size
+anything: every message is cut into fragments of the job's payload (--mtu-payload, the same in every
+process), so a DATA datagram in other pieces is off the grid; it may declare at most max_message_bytes
+(the job's largest message); a message's size is fixed by its first datagram, and a later one of
+another size is off its grid (both counted as mismatched and dropped).  Its required bytes are the most
+any of its datagrams says, and at least one fragment of every message must arrive, so no datagram
+completes a message that is not there.  Memory stays bounded whatever arrives: one peer's incomplete
+messages are capped in number (MAX_INCOMPLETE_MESSAGES) and bytes (INCOMPLETE_BYTES, or two of the
+job's largest messages); a fragment beyond that is dropped like a lost one, and the sender's probe
+brings it back once older messages completed.
 """
 import math
 from collections import Counter, OrderedDict
@@ -52,12 +58,9 @@ class Reassembly:
         self.last_nack = -math.inf
         self.saw_last = False  # the last fragment or a probe arrived: the sender's pass is over
 
-    def add(self, offset: int, total: int, fragment_bytes: int, payload: memoryview, now: float) -> bool:
-        """Place one fragment; False for a duplicate."""
-        if total != self.total or fragment_bytes != self.fragment_bytes:
-            raise codec.FrameError(f"fragment of a {total}-byte message in {fragment_bytes}-byte pieces, expected "
-                                   f"{self.total} in {self.fragment_bytes}")
-        index = offset // fragment_bytes
+    def add(self, offset: int, payload: memoryview, now: float) -> bool:
+        """Place one fragment of this message's grid; False for a duplicate."""
+        index = offset // self.fragment_bytes
         if self.received[index]:
             return False
         self.received[index] = True
@@ -127,6 +130,7 @@ class Receiver:
 
     def __init__(self, me: Peer, job: int, options: MltOptions, timeout: float, stats: MltStats):
         self.me, self.job, self.timeout, self.stats = me, job, timeout, stats
+        self.fragment_bytes = options.mtu_payload  # every process of the job cuts its messages so
         self.loss_bound, self.quiet_s = options.loss_bound, options.quiet_s
         self.link_mbps, self.max_message_bytes = options.link_mbps, options.max_message_bytes
         self.tensor_dscp = options.tensor_dscp
@@ -143,6 +147,12 @@ class Receiver:
     def on_data(self, peer: Peer, datagram: codec.Datagram, now: float) -> Sequence[Action]:
         """A DATA datagram from `peer`."""
         frame = datagram.frame
+        if frame.total > self.max_message_bytes:
+            self.stats.oversized += 1
+            return ()
+        if datagram.fragment_bytes != self.fragment_bytes:  # off the job's grid
+            self.stats.mismatched += 1
+            return ()
         key = MessageKey(frame.iteration, frame.tensor, frame.step)
         ident = (peer, key)
         probe = wire.is_probe(frame)
@@ -156,25 +166,23 @@ class Receiver:
                     return ()
                 done[1] = now
                 return [Reply(peer, wire.feedback(self.me, self.job, key, codec.KIND_ACK, frame.total,
-                                                  datagram.fragment_bytes, int(done[0])))]
-            if frame.total > self.max_message_bytes:
-                self.stats.oversized += 1
-                return ()
-            footprint = reassembly_bytes(frame.total, datagram.fragment_bytes)
+                                                  self.fragment_bytes, int(done[0])))]
+            footprint = reassembly_bytes(frame.total, self.fragment_bytes)
             if (self._held_messages[peer] >= MAX_INCOMPLETE_MESSAGES
                     or self._held_bytes[peer] + footprint > self._held_budget):
                 self.stats.over_budget += 1
                 return ()
-            reassembly = self.incoming[ident] = Reassembly(frame.total, datagram.fragment_bytes, now,
-                                                           datagram.delivered)
+            reassembly = self.incoming[ident] = Reassembly(frame.total, self.fragment_bytes, now)
             self._held_messages[peer] += 1
             self._held_bytes[peer] += footprint
             if self._count_in_flight(peer, key, reassembly, +1):
                 advice = self._advice(now, changed_only=True)
+        elif frame.total != reassembly.total:  # off the grid its first datagram set
+            self.stats.mismatched += 1
+            return ()
+        # Its sender says the same in every datagram; a forged one may only ask for more.
+        reassembly.required = max(reassembly.required, datagram.delivered)
         if probe:
-            if (frame.total, datagram.fragment_bytes) != (reassembly.total, reassembly.fragment_bytes):
-                self.stats.mismatched += 1
-                return advice
             # The sender's pass is over and it heard nothing for its RTO: complete or NACK the message now
             # (every fragment, if none came), not a quiet period later.
             reassembly.saw_last = True
@@ -185,13 +193,7 @@ class Receiver:
 
     def _place(self, peer: Peer, key: MessageKey, reassembly: Reassembly, datagram: codec.Datagram,
                now: float) -> Sequence[Action]:
-        frame = datagram.frame
-        try:
-            added = reassembly.add(frame.offset, frame.total, datagram.fragment_bytes, datagram.payload, now)
-        except codec.FrameError:
-            self.stats.mismatched += 1
-            return ()
-        if not added:
+        if not reassembly.add(datagram.frame.offset, datagram.payload, now):
             self.stats.duplicates += 1
         elif reassembly.delivered == reassembly.total:
             return self._complete(peer, key, reassembly, now)

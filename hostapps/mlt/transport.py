@@ -152,6 +152,8 @@ class MltTransport(Transport):
         deadline = time.monotonic() + self.timeout
         with self._lock:
             while missing := set(peers) - self._peers.heard:
+                if failed := sorted(missing & self._peers.gone.keys()):
+                    raise TransportError(f"{self._peers.names[failed[0]]} {self._peers.gone[failed[0]]}")
                 if time.monotonic() >= deadline:
                     raise TransportError(f"{', '.join(self._peers.names[p] for p in sorted(missing))} never answered "
                                          f"within {self.timeout:.1f} s")
@@ -344,7 +346,7 @@ class MltTransport(Transport):
             return self._sources
 
     def _control(self, peer: Peer, kind: int, step: int = 0) -> None:
-        self._send_control(peer, wire.control(self.me, self.job, kind, step))
+        self._send_control(peer, wire.control(self.me, self.job, kind, step, fragment_bytes=self.options.mtu_payload))
 
     def _send_control(self, peer: Peer, datagram: bytes) -> None:
         try:
@@ -421,6 +423,11 @@ class MltTransport(Transport):
                 self._wake_sender()
                 self._progress.notify_all()
         elif frame.kind == codec.KIND_HELLO:
+            if datagram.fragment_bytes != self.options.mtu_payload:  # its DATA would be off our grid
+                self._fail_peer(peer, f"cuts messages into {datagram.fragment_bytes}-byte fragments, {self.me} into "
+                                      f"{self.options.mtu_payload}: every process of a job needs the same "
+                                      "--mtu-payload")
+                return
             with self._lock:
                 self._peers.heard.add(peer)
                 self._progress.notify_all()

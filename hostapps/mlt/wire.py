@@ -35,8 +35,12 @@ def allowed_missing_bytes(total: int, loss_bound: float) -> int:
 
 def most_missing_bytes(total: int, loss_bound: float, fragment_bytes: int) -> int:
     """The most bytes a message may miss: its own share of the bound and, the bound being counted over
-    its tensor (Sender.allowance), less than a fragment its tensor's earlier messages left unspent."""
-    return allowed_missing_bytes(total, loss_bound) + fragment_bytes - 1 if loss_bound > 0 else 0
+    its tensor (Sender.allowance), less than a fragment its tensor's earlier messages left unspent; but
+    never its every fragment, as Sender.allowance never allows (one always arrives)."""
+    if loss_bound <= 0:
+        return 0
+    return min(allowed_missing_bytes(total, loss_bound) + fragment_bytes - 1,
+               (max(1, fragment_count(total, fragment_bytes)) - 1) * fragment_bytes)
 
 
 def wire_bytes(payload_bytes: int) -> int:
@@ -55,10 +59,11 @@ def is_probe(frame: codec.Frame) -> bool:
     return frame.kind == codec.KIND_DATA and frame.length == 0 and frame.total > 0
 
 
-def control(me: Peer, job: int, kind: int, step: int = 0, advised_kbps: int = 0) -> bytes:
-    """A HELLO, BYE, ABORT or RATE datagram (step 1 answers a HELLO or a BYE)."""
+def control(me: Peer, job: int, kind: int, step: int = 0, advised_kbps: int = 0, fragment_bytes: int = 0) -> bytes:
+    """A HELLO, BYE, ABORT or RATE datagram (step 1 answers a HELLO or a BYE); a HELLO says the fragment size
+    its sender cuts messages into."""
     frame = codec.Frame(kind, me.role, me.rank, step, job, 0, 0, 0, 0, 0)
-    return codec.encode_datagram_header(frame, 0, 0, 0, advised_kbps)
+    return codec.encode_datagram_header(frame, 0, fragment_bytes, 0, advised_kbps)
 
 
 def feedback(me: Peer, job: int, key: MessageKey, kind: int, total: int, fragment_bytes: int, delivered: int,

@@ -39,7 +39,7 @@ def test_reassembly_under_reordering_duplication_and_loss(message, size, rng, lo
     rng.shuffle(arrivals)
     reassembly = Reassembly(len(message), size, now=0.0)
     for offset, payload in arrivals:
-        reassembly.add(offset, len(message), size, memoryview(payload), now=0.0)
+        reassembly.add(offset, memoryview(payload), now=0.0)
     expected = bytearray(len(message))  # lost fragments read as zero
     for offset, payload in kept:
         expected[offset:offset + len(payload)] = payload
@@ -55,7 +55,7 @@ def reassembled(total: int, size: int, lost_fragments: set[int], now: float = 0.
     reassembly = Reassembly(total, size, now)
     for offset, payload in fragments_of(message[:total], size):
         if offset // size not in lost_fragments:
-            reassembly.add(offset, total, size, memoryview(payload), now)
+            reassembly.add(offset, memoryview(payload), now)
     return reassembly
 
 
@@ -82,14 +82,14 @@ def test_loss_bound_decision_at_the_boundary():
     # however long the quiet; its probe says when the pass is over.
     no_last = reassembled(2001, 100, {4, 20})
     assert no_last.within_bound(0.1) and no_last.due(now=10.0, loss_bound=0.1, quiet_s=0.005) is None
-    no_last.add(2000, 2001, 100, memoryview(b"x"), now=0.001)
+    no_last.add(2000, memoryview(b"x"), now=0.001)
     assert no_last.due(now=0.006, loss_bound=0.1, quiet_s=0.005) == "complete"
 
 
 def test_quiet_period_stretches_for_a_slowly_paced_message():
     reassembly = Reassembly(4000, 1000, now=0.0)
     for i, offset in enumerate((0, 1000, 3000)):
-        reassembly.add(offset, 4000, 1000, memoryview(bytes(1000)), now=0.01 * i)
+        reassembly.add(offset, memoryview(bytes(1000)), now=0.01 * i)
     assert reassembly.quiet_period(0.005) == pytest.approx(0.04)
     assert reassembly.due(now=0.05, loss_bound=0.3, quiet_s=0.005) is None
     assert reassembly.due(now=0.061, loss_bound=0.3, quiet_s=0.005) == "complete"
@@ -100,7 +100,7 @@ def test_lost_bytes_read_zero_and_only_whole_elements_count_as_arrived():
     reassembly = Reassembly(values.nbytes, 102, now=0.0)
     for offset, payload in fragments_of(values.tobytes(), 102):
         if offset != 306:
-            reassembly.add(offset, values.nbytes, 102, memoryview(payload), now=0.0)
+            reassembly.add(offset, memoryview(payload), now=0.0)
     gradient = np.full(500, -1.0, dtype=np.float32)
     reassembly.copy_into(gradient)
     arrived = np.zeros(500, dtype=bool)
@@ -539,18 +539,20 @@ def test_a_forged_huge_message_is_never_allocated_nor_holds_up_the_real_one(loop
                         lambda total, *args: allocated.append(total) or reassembly(total, *args))
     values = np.arange(1000, dtype=np.float32)
     # The job's largest message is exactly this one: a message one float larger is refused too.
-    sender, receiver = transport_pair(loopback_addresses, MltOptions(link_mbps=10000, max_message_bytes=values.nbytes),
-                                      timeout=3.0)
+    sender, receiver = transport_pair(loopback_addresses, MltOptions(link_mbps=10000, max_message_bytes=values.nbytes,
+                                                                     loss_bound=0.5), timeout=3.0)
     # 62 bytes from the sender's host under the real message's key, declaring 1 GiB in 1-byte fragments.
     forge(receiver.listen_address, data_frame(KEY, 0, 1, 1 << 30), 1, b"x")
     forge(receiver.listen_address, data_frame(KEY, 0, 4, values.nbytes + 4), 4, b"xxxx")
+    # A probe of the real size in one fragment of 4 GiB: no sender of the job cuts a message so.
+    forge(receiver.listen_address, data_frame(KEY, 0, 0, values.nbytes), 2**32 - 1)
     time.sleep(0.05)
     started = time.monotonic()
-    sender.send(RECEIVER, KEY, values)
+    sender.send(RECEIVER, KEY, values, tolerate_loss=True)
     out = np.empty_like(values)
     assert receiver.recv(SENDER, KEY, out) == 1.0 and np.array_equal(out, values)
     assert time.monotonic() - started < 1.0
-    assert receiver.stats.oversized == 2 and allocated == [values.nbytes]
+    assert receiver.stats.oversized == 2 and receiver.stats.mismatched == 1 and allocated == [values.nbytes]
     close_pair(sender, receiver)
 
 
@@ -558,10 +560,10 @@ def test_datagrams_from_another_host_or_job_are_dropped(loopback_addresses):
     sender, receiver = transport_pair(loopback_addresses, job=2**32 - 1)  # the largest job id the header holds
     key = MessageKey(5, 0, 0)
     message = data_frame(key, 0, 4, 4, job=2**32 - 1)
-    forge(receiver.listen_address, message, 4, np.float32(1).tobytes(), source="127.0.0.2")  # not the sender's host
-    forge(receiver.listen_address, message._replace(job=7), 4, np.float32(2).tobytes())  # another job
-    forge(receiver.listen_address, message._replace(rank=5), 4, np.float32(3).tobytes())  # no peer of ours
-    forge(receiver.listen_address, message, 4, np.float32(4).tobytes())  # the sender's host, any port
+    forge(receiver.listen_address, message, 1400, np.float32(1).tobytes(), source="127.0.0.2")  # not the sender's host
+    forge(receiver.listen_address, message._replace(job=7), 1400, np.float32(2).tobytes())  # another job
+    forge(receiver.listen_address, message._replace(rank=5), 1400, np.float32(3).tobytes())  # no peer of ours
+    forge(receiver.listen_address, message, 1400, np.float32(4).tobytes())  # the sender's host, any port
     out = np.empty(1, np.float32)
     assert receiver.recv(SENDER, key, out) == 1.0 and out[0] == 4
     assert receiver.stats.foreign == 3 and receiver.stats.duplicates == 0
@@ -588,6 +590,35 @@ def test_a_peers_incomplete_messages_are_capped(loopback_addresses, monkeypatch,
     assert receiver.recv(SENDER, KEY, out) == 1.0 and np.array_equal(out, values)
     assert receiver.recv(SENDER, stray, np.empty(500, np.float32)) == 1.0
     close_pair(sender, receiver)
+
+
+def test_processes_that_cut_messages_differently_fail_to_connect_with_one_clear_line(loopback_addresses):
+    """Each would drop the other's DATA as off its grid: they say so at once instead of timing out."""
+    a, b = loopback_addresses(2)
+    pair = [MltTransport(SENDER, a, 0, 3.0, options=MltOptions(link_mbps=10000, mtu_payload=1400)),
+            MltTransport(RECEIVER, b, 0, 3.0, options=MltOptions(link_mbps=10000, mtu_payload=8908))]
+    errors = []
+
+    def connect(transport, dial, accept):
+        try:
+            transport.connect(dial, accept)
+        except TransportError as e:
+            errors.append(str(e))
+    started = time.monotonic()
+    threads = [threading.Thread(target=connect, args=(pair[0], {RECEIVER: b}, {})),
+               threading.Thread(target=connect, args=(pair[1], {}, {SENDER: a}))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert time.monotonic() - started < 1.0
+    assert sorted(errors) == [
+        f"worker0 (127.0.0.1:{a[1]}) cuts messages into 1400-byte fragments, worker1 into 8908: every process of a "
+        "job needs the same --mtu-payload",
+        f"worker1 (127.0.0.1:{b[1]}) cuts messages into 8908-byte fragments, worker0 into 1400: every process of a "
+        "job needs the same --mtu-payload"]
+    for transport in pair:
+        transport.abort()
 
 
 def test_a_nack_for_another_fragment_grid_is_dropped_and_the_message_still_delivered(loopback_addresses):

@@ -639,3 +639,43 @@ def test_random_loss_on_a_long_message_is_repaired_with_just_enough_resends():
     assert 0.95 <= delivery.message.delivered_fraction < 1
     # About 10% lost, the bound takes 5%: roughly 5% resent (and the resends' own losses), not all 10%.
     assert 40 <= tx.stats.fragments_retransmitted <= 80
+
+
+# --- what a receiver trusts of a header: a message's grid is the job's
+
+def forged_probe(key: MessageKey, total: int, fragment: int, required: int = 0) -> codec.Datagram:
+    """62 bytes as anyone on SENDER's host could send them: a probe of `key` in `fragment`-byte pieces."""
+    frame = wire.data_frame(SENDER, JOB, key, 0, 0, total)
+    return datagram(codec.encode_datagram_header(frame, 0, fragment, required))
+
+
+@pytest.mark.parametrize("loss_bound", [0.0, 0.1])
+def test_a_forged_probe_on_another_grid_is_counted_and_neither_completes_nor_holds_up_the_real_message(loss_bound):
+    machine = receiver(loss_bound=loss_bound, max_message_bytes=len(MESSAGE))
+    actions = machine.on_data(SENDER, forged_probe(KEY, len(MESSAGE), 2**32 - 1), now=0.0)
+    assert actions == () and machine.incoming == {} and machine.stats.mismatched == 1
+    delivered = [a for index in range(11)
+                 for a in machine.on_data(SENDER, data(KEY, index, MESSAGE, required=len(MESSAGE)), now=0.001)
+                 if isinstance(a, Delivery)]
+    assert [d.message.buffer.tobytes() for d in delivered] == [MESSAGE] and machine.stats.duplicates == 0
+
+
+def test_a_probe_on_the_jobs_grid_never_completes_a_message_none_of_whose_bytes_arrived():
+    """Whatever it says its sender requires: at least one fragment of every message arrives (Sender.allowance)."""
+    machine = receiver(loss_bound=0.5)
+    one_fragment = MESSAGE[:FRAGMENT]
+    nack, = feedback_of(machine.on_data(SENDER, forged_probe(KEY, len(one_fragment), FRAGMENT), now=0.0))
+    assert nack.frame.kind == codec.KIND_NACK and nack.delivered == 0
+    ack, delivery = machine.on_data(SENDER, data(KEY, 0, one_fragment), now=0.001)
+    assert delivery.message.buffer.tobytes() == one_fragment
+
+
+def test_the_required_bytes_of_a_message_are_the_most_any_of_its_datagrams_says():
+    """A forged first datagram saying nothing is required cannot make an exact message complete short."""
+    machine = receiver(loss_bound=0.5)
+    machine.on_data(SENDER, forged_probe(KEY, len(MESSAGE), FRAGMENT), now=0.0)
+    for index in set(range(11)) - {4}:
+        machine.on_data(SENDER, data(KEY, index, MESSAGE, required=len(MESSAGE)), now=0.001)
+    nack, = feedback_of(machine.tick(0.01))
+    assert nack.frame.kind == codec.KIND_NACK and list(wire.missing_fragments(nack.payload, 1024, FRAGMENT)) == [4]
+
