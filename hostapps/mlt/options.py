@@ -37,6 +37,8 @@ class MltStats:
     nacks_sent: int = 0
     nack_max_delivered: float = 0.0  # highest delivered fraction of a message that was NACKed
     duplicates: int = 0              # fragments that arrived again: retransmissions that were not needed
+    late_probes: int = 0             # probes of a message already complete (its ACK lost or on its way): re-ACKed
+    stale: int = 0                   # DATA of a message forgotten since its sender gave up on it: dropped
     malformed: int = 0               # not a datagram of our wire format
     foreign: int = 0                 # another job's, or not from the host of the peer its header names
     oversized: int = 0               # DATA declaring a message larger than max_message_bytes

@@ -18,9 +18,16 @@ completes a message that is not there.  Memory stays bounded whatever arrives: o
 messages are capped in number (MAX_INCOMPLETE_MESSAGES) and bytes (INCOMPLETE_BYTES, or two of the
 job's largest messages); a fragment beyond that is dropped like a lost one, and the sender's probe
 brings it back once older messages completed.
+
+A completed message is remembered (Completed) while its sender may still send any of it: a sender keeps
+a message until an ACK reaches it and gives up `timeout` after the last feedback it heard, so a message
+is forgotten once none of its iteration's datagrams came for that long (and REMEMBER_MARGIN_S more, the
+feedback's way back).  Until then a late duplicate or probe is re-ACKed; after, any datagram of a
+forgotten iteration is stale: counted and dropped, never delivered again nor NACKed.
 """
 import math
 from collections import Counter, OrderedDict
+from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -33,7 +40,9 @@ from hostapps.mlt.pacing import FLOOR_SHARE, LINK_SHARE
 from hostapps.transport import MessageKey, Peer
 
 ADVICE_INTERVAL_S = 0.01       # how often a receiver re-advises the senders of messages in flight
-COMPLETED_MEMORY = 4096        # completed messages remembered to re-ACK late duplicates
+REMEMBER_MARGIN_S = 1.0        # a completed message is remembered this long beyond its sender's timeout
+MAX_REMEMBERED = 1 << 16       # completed messages remembered per peer at most (about 10 MB), far beyond what
+#                                one iteration of a job sends a peer: beyond, its least recently heard iterations
 MAX_INCOMPLETE_MESSAGES = 1024
 INCOMPLETE_BYTES = 64 << 20
 
@@ -109,6 +118,52 @@ class Reassembly:
         arrived.reshape(-1)[:] = received_bytes.reshape(-1, itemsize).all(axis=1)
 
 
+@dataclass(slots=True)
+class Done:
+    """A completed message: what a late duplicate or probe of it is answered with."""
+    total: int
+    delivered: int
+    last_ack: float
+
+
+class Completed:
+    """One peer's completed messages, by iteration, the least recently heard iteration first.  `horizon`: the
+    highest iteration forgotten; a message of it or an older one that is not remembered is stale."""
+
+    def __init__(self) -> None:
+        self.iterations: OrderedDict[int, dict[tuple[int, int], Done]] = OrderedDict()
+        self.heard: dict[int, float] = {}  # per iteration: when a datagram of one of its messages last came
+        self.count = 0
+        self.horizon = -1
+
+    def find(self, key: MessageKey) -> Done | None:
+        messages = self.iterations.get(key.iteration)
+        return None if messages is None else messages.get((key.tensor, key.step))
+
+    def hear(self, iteration: int, now: float) -> None:
+        self.iterations.move_to_end(iteration)
+        self.heard[iteration] = now
+
+    def add(self, key: MessageKey, done: Done, now: float) -> None:
+        messages = self.iterations.setdefault(key.iteration, {})
+        self.count += (key.tensor, key.step) not in messages
+        messages[(key.tensor, key.step)] = done
+        self.hear(key.iteration, now)
+        while self.count > MAX_REMEMBERED:
+            self._forget_first()
+
+    def forget(self, before: float) -> None:
+        """Forget the iterations heard of last before `before`."""
+        while self.iterations and self.heard[next(iter(self.iterations))] < before:
+            self._forget_first()
+
+    def _forget_first(self) -> None:
+        iteration, messages = self.iterations.popitem(last=False)
+        del self.heard[iteration]
+        self.count -= len(messages)
+        self.horizon = max(self.horizon, iteration)
+
+
 class Reply(NamedTuple):
     """A control datagram (ACK, NACK, RATE) for `peer`, to send from the home socket."""
     peer: Peer
@@ -135,7 +190,8 @@ class Receiver:
         self.link_mbps, self.max_message_bytes = options.link_mbps, options.max_message_bytes
         self.tensor_dscp = options.tensor_dscp
         self.incoming: dict[tuple[Peer, MessageKey], Reassembly] = {}
-        self._completed: OrderedDict[tuple[Peer, MessageKey], list[float]] = OrderedDict()  # [delivered, last ACK]
+        self._completed: dict[Peer, Completed] = {}
+        self._remember_s = timeout + REMEMBER_MARGIN_S  # every process of a job has the same timeout
         self._in_flight: dict[Peer, Counter[int]] = {}  # each peer's incomplete messages by service rank
         self._advised: dict[Peer, int] = {}  # the share we last advised each peer
         self._shares: dict[Peer, int] | None = None  # _shares_kbps() until the in-flight classes change
@@ -159,14 +215,12 @@ class Receiver:
         reassembly = self.incoming.get(ident)
         advice: Sequence[Action] = ()
         if reassembly is None:
-            done = self._completed.get(ident)
-            if done is not None:  # a late duplicate or a probe: our ACK may have been lost
-                self.stats.duplicates += not probe
-                if now - done[1] < self.quiet_s:
+            if (completed := self._completed.get(peer)) is not None:
+                if (done := completed.find(key)) is not None:
+                    return self._late(peer, key, completed, done, datagram, now)
+                if key.iteration <= completed.horizon:
+                    self.stats.stale += 1
                     return ()
-                done[1] = now
-                return [Reply(peer, wire.feedback(self.me, self.job, key, codec.KIND_ACK, frame.total,
-                                                  self.fragment_bytes, int(done[0])))]
             footprint = reassembly_bytes(frame.total, self.fragment_bytes)
             if (self._held_messages[peer] >= MAX_INCOMPLETE_MESSAGES
                     or self._held_bytes[peer] + footprint > self._held_budget):
@@ -191,6 +245,28 @@ class Receiver:
         placed = self._place(peer, key, reassembly, datagram, now)
         return [*advice, *placed] if advice else placed
 
+    def _late(self, peer: Peer, key: MessageKey, completed: Completed, done: Done, datagram: codec.Datagram,
+              now: float) -> Sequence[Action]:
+        """A datagram of a completed message, a late duplicate or a probe: our ACK may have been lost, so it is
+        ACKed again, at most once per quiet period."""
+        if datagram.frame.total != done.total:
+            self.stats.mismatched += 1
+            return ()
+        completed.hear(key.iteration, now)
+        if wire.is_probe(datagram.frame):
+            self.stats.late_probes += 1
+        else:
+            self.stats.duplicates += 1
+        if now - done.last_ack < self.quiet_s:
+            return ()
+        done.last_ack = now
+        return [Reply(peer, wire.feedback(self.me, self.job, key, codec.KIND_ACK, done.total, self.fragment_bytes,
+                                          done.delivered))]
+
+    def remembered(self) -> int:
+        """How many completed messages are remembered, of every peer."""
+        return sum(completed.count for completed in self._completed.values())
+
     def _place(self, peer: Peer, key: MessageKey, reassembly: Reassembly, datagram: codec.Datagram,
                now: float) -> Sequence[Action]:
         if not reassembly.add(datagram.frame.offset, datagram.payload, now):
@@ -200,8 +276,11 @@ class Receiver:
         return ()
 
     def tick(self, now: float) -> list[Action]:
-        """Timers: advise senders; complete or NACK quiet messages; forget stale ones."""
+        """Timers: advise senders; complete or NACK quiet messages; forget stale ones, and the completed ones
+        whose senders gave up on them."""
         actions: list[Action] = self._advice(now) if now >= self._next_advice else []
+        for completed in self._completed.values():
+            completed.forget(now - self._remember_s)
         for (peer, key), reassembly in list(self.incoming.items()):
             if now - reassembly.last_arrival > self.timeout:  # a stray fragment of a long-forgotten message
                 actions += self._release(peer, key, now)
@@ -296,7 +375,6 @@ class Receiver:
 
     def _complete(self, peer: Peer, key: MessageKey, reassembly: Reassembly, now: float) -> list[Action]:
         advice = self._release(peer, key, now)
-        self._completed[(peer, key)] = [reassembly.delivered, now]
-        if len(self._completed) > COMPLETED_MEMORY:
-            self._completed.popitem(last=False)
+        completed = self._completed.get(peer) or self._completed.setdefault(peer, Completed())
+        completed.add(key, Done(reassembly.total, reassembly.delivered, now), now)
         return [self._feedback(peer, key, reassembly, codec.KIND_ACK, now), Delivery(peer, key, reassembly), *advice]

@@ -679,3 +679,62 @@ def test_the_required_bytes_of_a_message_are_the_most_any_of_its_datagrams_says(
     nack, = feedback_of(machine.tick(0.01))
     assert nack.frame.kind == codec.KIND_NACK and list(wire.missing_fragments(nack.payload, 1024, FRAGMENT)) == [4]
 
+
+
+# --- what a receiver remembers of its completed messages
+
+def complete(machine: Receiver, peer: Peer, key: MessageKey, message: bytes, now: float) -> None:
+    for index in range(wire.fragment_count(len(message), FRAGMENT)):
+        machine.on_data(peer, data(key, index, message), now=now)
+
+
+def kinds(actions) -> list[str]:
+    """What the actions are: ACK, NACK (of any message) or a delivery."""
+    return [{codec.KIND_ACK: "ACK", codec.KIND_NACK: "NACK"}[f.frame.kind] for f in feedback_of(actions)] + [
+        "delivery" for a in actions if isinstance(a, Delivery)]
+
+
+def test_a_late_probe_or_duplicate_after_thousands_of_completions_is_acked_never_nacked_nor_delivered_again():
+    machine = receiver()
+    for iteration in range(2500):  # 5000 one-datagram messages from two peers
+        for peer in (SENDER, OTHER):
+            complete(machine, peer, KEY._replace(iteration=iteration), MESSAGE[:FRAGMENT], now=iteration / 10_000)
+    first = KEY._replace(iteration=0)
+    assert kinds(machine.on_data(SENDER, probe(first, MESSAGE[:FRAGMENT]), now=1.0)) == ["ACK"]  # its ACK was lost
+    assert kinds(machine.on_data(SENDER, data(first, 0, MESSAGE[:FRAGMENT]), now=1.001)) == []  # one per quiet period
+    assert kinds(machine.on_data(SENDER, data(first, 0, MESSAGE[:FRAGMENT]), now=1.01)) == ["ACK"]
+    assert machine.stats.late_probes == 1 and machine.stats.duplicates == 2
+    assert all(kinds(machine.tick(1.0 + t / 100)) == [] for t in range(200))  # nothing incoming: no NACK
+
+
+def test_a_completed_message_is_remembered_while_its_sender_may_still_send_it_then_stays_done():
+    """Its sender gives up `timeout` after the last feedback it heard: a message heard of again is remembered
+    that long again (and a second more for the feedback on its way); then any of its datagrams is stale."""
+    machine = receiver()
+    complete(machine, SENDER, KEY, MESSAGE, now=0.0)
+    assert kinds(machine.on_data(SENDER, data(KEY, 10, MESSAGE), now=TIMEOUT)) == ["ACK"]  # a late duplicate
+    machine.tick(2 * TIMEOUT + 0.5)
+    assert kinds(machine.on_data(SENDER, probe(KEY, MESSAGE), now=2 * TIMEOUT + 0.5)) == ["ACK"]
+    machine.tick(3 * TIMEOUT + 2.0)  # silent since for longer than the sender's timeout: forgotten
+    assert machine.remembered() == 0
+    late = 3 * TIMEOUT + 2.0
+    for datagram_ in (probe(KEY, MESSAGE), data(KEY, 10, MESSAGE), data(KEY._replace(tensor=9), 0, MESSAGE)):
+        assert kinds(machine.on_data(SENDER, datagram_, now=late)) == []
+    assert machine.stats.stale == 3 and machine.incoming == {}
+    assert kinds(machine.tick(late + 1.0)) == []
+    # A later iteration is news: it is received as ever.
+    assert "NACK" in kinds(machine.on_data(SENDER, probe(KEY._replace(iteration=4), MESSAGE), now=late))
+
+
+def test_a_peers_remembered_messages_are_capped_oldest_iteration_first(monkeypatch):
+    monkeypatch.setattr("hostapps.mlt.receiver.MAX_REMEMBERED", 4)
+    machine = receiver()
+    for iteration in range(5):
+        for tensor in range(2):
+            complete(machine, SENDER, MessageKey(iteration, tensor, 0), MESSAGE[:FRAGMENT], now=0.0)
+    complete(machine, OTHER, KEY, MESSAGE[:FRAGMENT], now=0.0)  # the cap is per peer
+    assert machine.remembered() == 4 + 1
+    assert kinds(machine.on_data(SENDER, probe(MessageKey(4, 1, 0), MESSAGE[:FRAGMENT]), now=0.01)) == ["ACK"]
+    assert kinds(machine.on_data(SENDER, probe(MessageKey(2, 0, 0), MESSAGE[:FRAGMENT]), now=0.01)) == []
+    assert machine.stats.stale == 1
+    assert kinds(machine.on_data(OTHER, probe(KEY, MESSAGE[:FRAGMENT]), now=0.01)) == ["ACK"]
