@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 from hostapps.collectives import float_parts, make_buckets, ring_neighbours
 from hostapps.config import ProcessConfig
-from hostapps.mlt import DEFAULT_MAX_MESSAGE_BYTES, MltOptions, MltTransport
+from hostapps.mlt import MltOptions, MltTransport
 from hostapps.model import FlatModel
 from hostapps.records import Recorder
 from hostapps.transport import Address, Peer, TcpTransport
@@ -53,10 +53,10 @@ def peers_to_connect(cfg: ProcessConfig) -> tuple[dict[Peer, Address], dict[Peer
     return dial, accept
 
 
-def connect_transport(cfg: ProcessConfig, recorder: Recorder,
-                      max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> TcpTransport | MltTransport:
+def connect_transport(cfg: ProcessConfig, recorder: Recorder, max_message_bytes: int) -> TcpTransport | MltTransport:
     """Open this process's connections: ring neighbours in allreduce; every worker-server pair in ps.
-    max_message_bytes: the largest message of the job (mlt drops datagrams declaring more)."""
+    max_message_bytes: the largest message of the job (largest_message_bytes): a transport refuses to send
+    more, and a peer announcing more is refused, not allocated."""
     me = Peer(cfg.role, cfg.rank)
     listen = (cfg.workers if cfg.role == "worker" else cfg.servers)[cfg.rank]
     if cfg.transport == "mlt":
@@ -67,7 +67,8 @@ def connect_transport(cfg: ProcessConfig, recorder: Recorder,
         transport: TcpTransport | MltTransport = MltTransport(me, listen, cfg.job, cfg.timeout,
                                                               recorder.log_message, options)
     else:
-        transport = TcpTransport(me, listen, cfg.job, cfg.timeout, recorder.log_message, cfg.source_port)
+        transport = TcpTransport(me, listen, cfg.job, cfg.timeout, recorder.log_message, cfg.source_port,
+                                 max_message_bytes)
     dial, accept = peers_to_connect(cfg)
     try:
         transport.connect(dial, accept)

@@ -2,7 +2,7 @@
 transport counters)."""
 from dataclasses import dataclass, field
 
-DEFAULT_MAX_MESSAGE_BYTES = 64 << 20  # when the job's largest message is not given (the loopback bench's are 4 MB)
+from hostapps.transport import DEFAULT_MAX_MESSAGE_BYTES
 
 
 @dataclass

@@ -48,7 +48,7 @@ from hostapps.mlt.receiver import Action, Delivery, Reassembly, Receiver, Reply
 from hostapps.mlt.sender import Emission, Sender
 from hostapps.timing import sleep_for
 from hostapps.transport import (Address, Mailbox, MessageKey, Peer, TensorLog, Transport, TransportError,
-                                describe_key, format_address)
+                                describe_key, format_address, too_large)
 
 HELLO_INTERVAL_S = 0.05
 TURN_WAIT_S = 0.01  # a first pass waiting its turn looks again this often at the latest (a rate changed)
@@ -241,9 +241,8 @@ class MltTransport(Transport):
         if peer not in self._peers.addresses:  # a caller's bug: fail the call, not the send thread that would meet it
             raise TransportError(f"{peer} is not a peer of {self.me}")
         self._check_peer(peer)
-        if array.nbytes > self.options.max_message_bytes:  # the receiver would drop it: a bug in computing the cap
-            raise TransportError(f"{describe_key(key)} for {self._peers.names[peer]} has {array.nbytes} bytes, more "
-                                 f"than the job's largest message ({self.options.max_message_bytes} bytes)")
+        if array.nbytes > self.options.max_message_bytes:
+            raise too_large(key, self._peers.names[peer], array.nbytes, self.options.max_message_bytes)
         values = np.ascontiguousarray(array)
         payload = values.reshape(-1).view(np.uint8).copy()
         with self._lock:

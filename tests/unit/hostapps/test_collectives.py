@@ -2,6 +2,7 @@
 import random
 import socket
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -179,6 +180,49 @@ def test_garbled_hello_is_refused_and_the_missing_peer_named(loopback_addresses,
     assert "rejected connection" in capsys.readouterr().out
     raw.close()
     transport.abort()
+
+
+def test_a_silent_connection_holds_up_no_peer(loopback_addresses):
+    """Connections that send nothing, or half a HELLO, wait beside the real peers, not in front of them."""
+    dialer, acceptor = loopback_addresses(2)
+    server = TcpTransport(Peer("server", 0), acceptor, 0, 3.0)
+    worker = TcpTransport(Peer("worker", 0), dialer, 0, 3.0)
+    hello = codec.encode_header(codec.Frame(codec.KIND_HELLO, "worker", 0, 0, 0, 0, 0, 0, 0, 0))
+    silent = socket.create_connection(acceptor)
+    slow = socket.create_connection(acceptor)
+    slow.sendall(hello[:10])
+    started = time.monotonic()
+    try:
+        run_threads([lambda: worker.connect({Peer("server", 0): acceptor}, {}),
+                     lambda: server.connect({}, {Peer("worker", 0): dialer})])
+        assert time.monotonic() - started < 1.0
+        worker.send(Peer("server", 0), MessageKey(0, 0, 0), np.arange(4, dtype=np.float32))
+        out = np.empty(4, dtype=np.float32)
+        assert server.recv(Peer("worker", 0), MessageKey(0, 0, 0), out) == 1.0 and list(out) == [0, 1, 2, 3]
+    finally:
+        silent.close()
+        slow.close()
+        run_threads([worker.close, server.close])
+
+
+def test_tcp_refuses_a_message_beyond_the_jobs_largest_at_either_end(loopback_addresses):
+    me, peer = Peer("server", 0), Peer("worker", 0)
+    address, _ = loopback_addresses(2)
+    transport = TcpTransport(me, address, 0, 3.0, max_message_bytes=4000)
+    raw = socket.create_connection(address)
+    raw.sendall(codec.encode_header(codec.Frame(codec.KIND_HELLO, "worker", 0, 0, 0, 0, 0, 0, 0, 0)))
+    transport.connect({}, {peer: ("127.0.0.1", 1)})
+    with pytest.raises(TransportError, match="has 4004 bytes, more than the job's largest message"):
+        transport.send(peer, MessageKey(0, 0, 0), np.zeros(1001, dtype=np.float32))
+    # A header declaring 1 GiB: refused as it arrives, not allocated and waited for.
+    raw.sendall(codec.encode_header(codec.Frame(codec.KIND_DATA, "worker", 0, 0, 0, 0, 0, 0, 1 << 30, 1 << 30)))
+    started = time.monotonic()
+    with pytest.raises(TransportError, match=r"sent a malformed frame \(a message of 1073741824 bytes, more than "
+                                             r"the job's largest \(4000 bytes\)\)"):
+        transport.recv(peer, MessageKey(0, 0, 0), out=np.empty(1000, dtype=np.float32))
+    assert time.monotonic() - started < 1.0
+    raw.close()
+    transport.close()
 
 
 # --- under loss: the reduce phase tolerates it, the gather phase is exact
