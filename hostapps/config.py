@@ -10,7 +10,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from common.frames import DEFAULT_MTU
 from hostapps.collectives import FUSION_PRESETS, MAX_PS_SLICES, split_bytes
+from hostapps.mlt.wire import payload_for_mtu
 from hostapps.model import FlatModel, Network
 from hostapps.profiles import PROFILES, ProfileModel
 from common.schema import SchemaError, add_arguments, from_arguments, knob, section, to_arguments
@@ -185,8 +187,9 @@ class ProcessConfig(Training):
                             "per-flow ECMP places the flows alike in every run given the same ports; 0: ephemeral "
                             "ports)", lambda n: n == 0 or 1024 <= n <= 65535)
     # mlt (hostapps/mlt): datagram payload, source-port pool, quiet period, DSCP per tensor
-    mtu_payload: int = knob(1400, "a multiple of 4 in 64..65000 (mlt: payload bytes per datagram)",
-                            lambda n: 64 <= n <= 65000 and n % 4 == 0)
+    # by default as much as a datagram carries at the fabric's default MTU (the runner gives its fabric's)
+    mtu_payload: int = knob(payload_for_mtu(DEFAULT_MTU), "a multiple of 4 in 64..65000 (mlt: payload bytes per "
+                            "datagram, the same in every process)", lambda n: 64 <= n <= 65000 and n % 4 == 0)
     sport_range: int = knob(1024, "an integer 1..1024 (mlt: UDP source ports a sender sprays over; 1 on a "
                             "per-flow fabric)",
                             lambda n: 1 <= n <= 1024)

@@ -188,7 +188,7 @@ class Receiver:
         self.fragment_bytes = options.mtu_payload  # every process of the job cuts its messages so
         self.loss_bound, self.quiet_s = options.loss_bound, options.quiet_s
         self.link_mbps, self.max_message_bytes = options.link_mbps, options.max_message_bytes
-        self.tensor_dscp = options.tensor_dscp
+        self.layer_dscp = options.layer_dscp
         self.incoming: dict[tuple[Peer, MessageKey], Reassembly] = {}
         self._completed: dict[Peer, Completed] = {}
         self._remember_s = timeout + REMEMBER_MARGIN_S  # every process of a job has the same timeout
@@ -310,7 +310,7 @@ class Receiver:
         if ranks is None:
             ranks = self._in_flight[peer] = Counter()
         before = min(ranks) if ranks else None
-        rank = service_rank(self.tensor_dscp.get(key.tensor, 0))
+        rank = service_rank(self.layer_dscp.get(key.tensor, 0))
         ranks[rank] += change
         if not ranks[rank]:
             del ranks[rank]

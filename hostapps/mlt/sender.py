@@ -149,7 +149,7 @@ class Sender:
     def __init__(self, me: Peer, job: int, options: MltOptions, timeout: float, stats: MltStats):
         self.me, self.job, self.timeout, self.stats = me, job, timeout, stats
         self.fragment_bytes, self.loss_bound = options.mtu_payload, options.loss_bound
-        self.drop_marking, self.tensor_dscp = options.drop_marking, options.tensor_dscp
+        self.drop_marking, self.layer_dscp = options.drop_marking, options.layer_dscp
         self.pacer = HostPacer(options.link_mbps * 1e6 / 8)
         self.outgoing: dict[tuple[Peer, MessageKey], Outgoing] = {}
         self._passes: dict[Peer, deque[Pass]] = {}  # only peers with a pass waiting
@@ -196,7 +196,7 @@ class Sender:
         """A message to send: kept until ACKed; its first pass is handed out by first_datagram.  It may arrive
         short by its allowance (Sender.allowance); with none it arrives whole."""
         message = Outgoing(peer, key, payload, marked, payload.size - allowance,
-                           self.tensor_dscp.get(key.tensor, self._dscp.get(peer, 0)),
+                           self.layer_dscp.get(key.tensor, self._dscp.get(peer, 0)),
                            max(1, wire.fragment_count(payload.size, self.fragment_bytes)))
         self.outgoing[(peer, key)] = message
         self._first_passes.append(message)

@@ -93,10 +93,10 @@ TOS_ANCILLARY = [[(socket.IPPROTO_IP, socket.IP_TOS, bytes([dscp << 2]))] for ds
 class MltTransport(Transport):
     """UDP datagrams sprayed over source ports, with ACK/NACK recovery up to a loss bound."""
 
-    def __init__(self, me: Peer, listen: Address, job: int, timeout: float, log: TensorLog | None = None,
-                 options: MltOptions | None = None, drop: DropFunction | None = None):
+    def __init__(self, me: Peer, listen: Address, job: int, timeout: float, options: MltOptions,
+                 log: TensorLog | None = None, drop: DropFunction | None = None):
         self.me, self.listen_address, self.job, self.timeout = me, listen, job, timeout
-        self.options = options or MltOptions()
+        self.options = options
         self.stats = MltStats()
         self._log, self._drop = log, drop
         self._peers = Peers(job)
@@ -414,7 +414,7 @@ class MltTransport(Transport):
                     self._turn.notify_all()
         if frame.kind == codec.KIND_DATA:
             if datagram.sent_us and self.options.adaptive_spray:  # unstamped: lower-effort, queued apart
-                self._monitor.observe(peer, port, datagram.sent_us, now, self.options.tensor_dscp.get(frame.tensor, 0))
+                self._monitor.observe(peer, port, datagram.sent_us, now, self.options.layer_dscp.get(frame.tensor, 0))
             self._on_data(peer, datagram, now)
         elif frame.kind in (codec.KIND_ACK, codec.KIND_NACK):
             with self._lock:
@@ -423,6 +423,8 @@ class MltTransport(Transport):
                 self._progress.notify_all()
         elif frame.kind == codec.KIND_HELLO:
             if datagram.fragment_bytes != self.options.mtu_payload:  # its DATA would be off our grid
+                if frame.step == 0:  # our answer tells it ours: it fails as clearly
+                    self._control(peer, codec.KIND_HELLO, step=1)
                 self._fail_peer(peer, f"cuts messages into {datagram.fragment_bytes}-byte fragments, {self.me} into "
                                       f"{self.options.mtu_payload}: every process of a job needs the same "
                                       "--mtu-payload")

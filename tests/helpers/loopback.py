@@ -10,6 +10,10 @@ from hostapps.server import run_server
 from hostapps.transport import TcpTransport
 from hostapps.worker import run_worker
 
+# mlt on loopback, which has no link rate: paced at 10 Gbit/s, not at the default 100 Mbit/s, and in
+# 1400-byte fragments (as at MTU 1500), so that the tests' small messages are many datagrams.
+LOOPBACK_MLT = dict(link_mbps=10000, mtu_payload=1400)
+
 
 def free_port() -> int:
     with socket.socket() as sock:

@@ -12,14 +12,14 @@ from hostapps import codec
 from hostapps.collectives import (GATHER, PS_PULL, PS_PUSH, REDUCE, Segment, chunk_bounds, max_segments,
                                   pipelined_ring_allreduce, ps_phase, ring_allreduce, ring_neighbours, ring_phase,
                                   ring_step_count, segment_bounds)
-from hostapps.assembly import peers_to_connect
+from hostapps.assembly import mlt_options, peers_to_connect
 from hostapps.config import Model, ProcessConfig, build_model
-from hostapps.mlt import MltOptions, MltTransport
+from hostapps.mlt import MltTransport
 from hostapps.records import Recorder
 from hostapps.server import ParameterShard
 from hostapps.transport import MessageKey, Peer, TcpTransport, TransportError
 
-from helpers.loopback import connect_mesh, free_port, run_threads
+from helpers.loopback import LOOPBACK_MLT, connect_mesh, free_port, run_threads
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -232,7 +232,7 @@ class LossyMlt:
     fraction as (receiver, key, direction, fraction, bytes)."""
 
     def __init__(self, drop, **options):
-        self.drop, self.options = drop, MltOptions(link_mbps=10000, **options)
+        self.drop, self.options = drop, mlt_options(**{**LOOPBACK_MLT, **options})
         self.messages: list[tuple[Peer, MessageKey, str, float, int]] = []
         self.lock = threading.Lock()
 
@@ -240,7 +240,7 @@ class LossyMlt:
         def log(iteration, tensor, step, nbytes, direction, peer, start, end, fraction):
             with self.lock:
                 self.messages.append((me, MessageKey(iteration, tensor, step), direction, fraction, nbytes))
-        return MltTransport(me, address, job, timeout, log, self.options, drop=lambda frame: self.drop(me, frame))
+        return MltTransport(me, address, job, timeout, self.options, log, drop=lambda frame: self.drop(me, frame))
 
     def received(self, phase_of) -> dict[str, list[float]]:
         """The delivered fractions of the received messages, by phase."""

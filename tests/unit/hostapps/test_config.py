@@ -54,7 +54,7 @@ LAYER_DSCP = "is not TENSOR:DSCP with TENSOR 0..4294967295 and DSCP 0..63"
     (["--mode", "ps", "--servers", "127.0.0.1:0"], "--servers: bad address '127.0.0.1:0' (expected host:port, "
                                                    "port 1..65535)"),
     (["--mtu-payload", "65004"], "--mtu-payload: 65004 is not allowed (a multiple of 4 in 64..65000 (mlt: payload "
-                                 "bytes per datagram))"),
+                                 "bytes per datagram, the same in every process))"),
     (["--sport-range", "0"], "--sport-range: 0 is not allowed (an integer 1..1024 (mlt: UDP source ports a "
                              "sender sprays over; 1 on a per-flow fabric))"),
     (["--fusion", "2²"], f"--fusion: 2² is not allowed ({FUSION})"),

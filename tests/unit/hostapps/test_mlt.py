@@ -13,13 +13,14 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hostapps import assembly, codec
+from hostapps.assembly import mlt_options
 from hostapps.collectives import ring_phase
 from hostapps.config import Model, ProcessConfig, build_model
 from hostapps.mlt import (MltOptions, MltTransport, RateControl, Reassembly, fragments_to_resend,
                           least_important_fragments, missing_fragments)
 from hostapps.mlt import pacing, receiver as mlt_receiver, sender as mlt_sender, wire
 from hostapps.transport import MessageKey, Peer, TransportError
-from helpers.loopback import run_job
+from helpers.loopback import LOOPBACK_MLT, run_job
 
 KEY = MessageKey(3, 1, 0)
 SENDER, RECEIVER = Peer("worker", 0), Peer("worker", 1)
@@ -165,9 +166,9 @@ def test_receiver_advice_caps_the_rate_and_a_growing_share_lifts_it():
 
 def test_a_receiver_advises_each_of_its_senders_a_fair_share(loopback_addresses):
     a, b, c = loopback_addresses(3)
-    receiver = MltTransport(RECEIVER, c, 0, 5.0, options=MltOptions(link_mbps=100))
-    senders = [MltTransport(Peer("worker", 0), a, 0, 5.0, options=MltOptions(link_mbps=100)),
-               MltTransport(Peer("worker", 2), b, 0, 5.0, options=MltOptions(link_mbps=100))]
+    receiver = MltTransport(RECEIVER, c, 0, 5.0, options=mlt_options(**{**LOOPBACK_MLT, "link_mbps": 100}))
+    senders = [MltTransport(Peer("worker", 0), a, 0, 5.0, options=mlt_options(**{**LOOPBACK_MLT, "link_mbps": 100})),
+               MltTransport(Peer("worker", 2), b, 0, 5.0, options=mlt_options(**{**LOOPBACK_MLT, "link_mbps": 100}))]
     threads = [threading.Thread(target=s.connect, args=({RECEIVER: c}, {})) for s in senders]
     threads.append(threading.Thread(target=receiver.connect, args=({}, {Peer("worker", 0): a, Peer("worker", 2): b})))
     for t in threads:
@@ -229,7 +230,7 @@ def test_random_bytes_never_crash_the_datagram_decoder(data):
     assert frame.offset + frame.length <= frame.total and len(datagram.payload) == frame.length
 
 
-def transport_pair(addresses, options=MltOptions(link_mbps=10000), drop=None, timeout=5.0, job=0):
+def transport_pair(addresses, options=mlt_options(**LOOPBACK_MLT), drop=None, timeout=5.0, job=0):
     a, b = addresses(2)
     sender = MltTransport(SENDER, a, job, timeout, options=options, drop=drop)
     receiver = MltTransport(RECEIVER, b, job, timeout, options=options)
@@ -270,7 +271,7 @@ def test_nack_retransmission_fills_the_gaps(loopback_addresses):
 
 
 def test_blind_spraying_leaves_the_path_monitor_out(loopback_addresses):
-    sender, receiver = transport_pair(loopback_addresses, options=MltOptions(link_mbps=10000, adaptive_spray=False))
+    sender, receiver = transport_pair(loopback_addresses, options=mlt_options(**LOOPBACK_MLT, spray="blind"))
     observed = []
     receiver._monitor.observe = lambda *args: observed.append(args)
     sender.send(RECEIVER, KEY, np.arange(20_000, dtype=np.float32))
@@ -284,7 +285,13 @@ def _data_ports(options: MltOptions, loopback_addresses) -> set[int]:
     so drawn from a pool of 64 ports they leave from 62 on average (at 58 datagrams, 38 +- 2.4)."""
     sender, receiver = transport_pair(loopback_addresses, options=options)
     ports = set()
-    receiver._monitor.observe = lambda peer, port, sent_us, now, dscp: ports.add(port)
+    on_bytes = receiver._on_bytes
+
+    def seen(data, host, port, now):
+        if data[3] == codec.KIND_DATA:
+            ports.add(port)
+        on_bytes(data, host, port, now)
+    receiver._on_bytes = seen
     sender.send(RECEIVER, KEY, np.arange(80_000, dtype=np.float32))
     receiver.recv(SENDER, KEY, np.empty(80_000, dtype=np.float32))
     close_pair(sender, receiver)
@@ -295,8 +302,8 @@ def test_one_source_port_makes_a_flow_per_peer_from_the_given_port(loopback_addr
     """On a per-flow fabric (sport_range 1) every datagram leaves from --source-port, so ECMP places the
     message as one flow, where the pool sprays it over many ports."""
     (_, port), = loopback_addresses(1)
-    assert _data_ports(MltOptions(link_mbps=10000, sport_range=1, source_port=port), loopback_addresses) == {port}
-    assert len(_data_ports(MltOptions(link_mbps=10000, sport_range=64), loopback_addresses)) > 32
+    assert _data_ports(mlt_options(**LOOPBACK_MLT, sport_range=1, source_port=port), loopback_addresses) == {port}
+    assert len(_data_ports(mlt_options(**LOOPBACK_MLT, sport_range=64), loopback_addresses)) > 32
 
 
 def test_a_busy_source_port_falls_back_to_an_ephemeral_one_and_says_so(loopback_addresses, capfd):
@@ -304,7 +311,7 @@ def test_a_busy_source_port_falls_back_to_an_ephemeral_one_and_says_so(loopback_
     busy.bind(("127.0.0.1", 0))
     port = busy.getsockname()[1]
     try:
-        (sent_from,) = _data_ports(MltOptions(link_mbps=10000, sport_range=1, source_port=port), loopback_addresses)
+        (sent_from,) = _data_ports(mlt_options(**LOOPBACK_MLT, sport_range=1, source_port=port), loopback_addresses)
     finally:
         busy.close()
     assert sent_from != port
@@ -359,7 +366,7 @@ def test_datagrams_the_local_stack_refuses_count_as_lost_and_are_retransmitted(l
 
 
 def test_loss_within_the_bound_completes_without_retransmission(loopback_addresses):
-    options = MltOptions(loss_bound=0.05, link_mbps=10000, drop_marking=True)
+    options = mlt_options(**LOOPBACK_MLT, loss_bound=0.05, drop_marking=True)
     sender, receiver = transport_pair(loopback_addresses, options, drop=lambda frame: frame.offset == 1400)
     values = np.ones(35_000, dtype=np.float32)  # 100 fragments; 1 dropped, the 5 smallest marked LE
     values[350 * 2:350 * 7] = 1e-6
@@ -375,7 +382,7 @@ def test_loss_within_the_bound_completes_without_retransmission(loopback_address
 
 def test_each_datagram_carries_its_dscp_from_any_source_socket(loopback_addresses):
     """One pool of source sockets serves every class: the DSCP goes with each datagram."""
-    options = MltOptions(loss_bound=0.05, link_mbps=10000, drop_marking=True, sport_range=16)
+    options = mlt_options(**LOOPBACK_MLT, loss_bound=0.05, drop_marking=True, sport_range=16)
     sender, receiver = transport_pair(loopback_addresses, options)
     sender.set_dscp(RECEIVER, 40)
     listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -436,7 +443,7 @@ def test_aborting_wakes_a_thread_waiting_to_receive(loopback_addresses):
     sender.abort()
 
 
-LOOPBACK = dict(transport="mlt", link_mbps=10000)  # loopback has no link rate: do not pace at 100 Mbit/s
+LOOPBACK = dict(transport="mlt", **LOOPBACK_MLT)
 
 
 def test_training_over_mlt_matches_tcp(loopback_addresses):
@@ -478,7 +485,7 @@ def test_training_converges_with_random_loss_within_the_bound(loopback_addresses
             if direction == "recv":
                 received[me.role].append((peer, iteration, tensor, total, fraction))
             log(*message)
-        transports.append(MltTransport(me, listen, job, timeout, logged, options,
+        transports.append(MltTransport(me, listen, job, timeout, options, logged,
                                        drop=lambda frame: rng.random() < 0.01))
         return transports[-1]
     monkeypatch.setattr(assembly, "MltTransport", lossy_transport)
@@ -501,7 +508,7 @@ def test_allreduce_replicas_stay_bit_identical_with_loss_on_one_workers_link(loo
     rng = random.Random(2)
 
     def lossy_transport(me, listen, job, timeout, log, options):  # 1% of worker 0's datagrams lost
-        return MltTransport(me, listen, job, timeout, log, options,
+        return MltTransport(me, listen, job, timeout, options, log,
                             drop=lambda frame: me.rank == 0 and rng.random() < 0.01)
     monkeypatch.setattr(assembly, "MltTransport", lossy_transport)
     # fc1's chunks: 44 kB in 32 datagrams, one of which may stay missing under the bound.
@@ -539,7 +546,7 @@ def test_a_forged_huge_message_is_never_allocated_nor_holds_up_the_real_one(loop
                         lambda total, *args: allocated.append(total) or reassembly(total, *args))
     values = np.arange(1000, dtype=np.float32)
     # The job's largest message is exactly this one: a message one float larger is refused too.
-    sender, receiver = transport_pair(loopback_addresses, MltOptions(link_mbps=10000, max_message_bytes=values.nbytes,
+    sender, receiver = transport_pair(loopback_addresses, mlt_options(**LOOPBACK_MLT, max_message_bytes=values.nbytes,
                                                                      loss_bound=0.5), timeout=3.0)
     # 62 bytes from the sender's host under the real message's key, declaring 1 GiB in 1-byte fragments.
     forge(receiver.listen_address, data_frame(KEY, 0, 1, 1 << 30), 1, b"x")
@@ -577,7 +584,7 @@ def test_datagrams_from_another_host_or_job_are_dropped(loopback_addresses):
 @pytest.mark.parametrize("cap, value", [("MAX_INCOMPLETE_MESSAGES", 3), ("INCOMPLETE_BYTES", 2 * 2002 + 4003)])
 def test_a_peers_incomplete_messages_are_capped(loopback_addresses, monkeypatch, cap, value):
     monkeypatch.setattr(mlt_receiver, cap, value)
-    sender, receiver = transport_pair(loopback_addresses, MltOptions(link_mbps=10000, max_message_bytes=4000))
+    sender, receiver = transport_pair(loopback_addresses, mlt_options(**LOOPBACK_MLT, max_message_bytes=4000))
     stray = MessageKey(9, 0, 0)
     for tensor in range(5):  # first fragments of 2-fragment messages whose rest does not come
         forge(receiver.listen_address, data_frame(stray._replace(tensor=tensor), 0, 1400, 2000), 1400, bytes(1400))
@@ -595,8 +602,8 @@ def test_a_peers_incomplete_messages_are_capped(loopback_addresses, monkeypatch,
 def test_processes_that_cut_messages_differently_fail_to_connect_with_one_clear_line(loopback_addresses):
     """Each would drop the other's DATA as off its grid: they say so at once instead of timing out."""
     a, b = loopback_addresses(2)
-    pair = [MltTransport(SENDER, a, 0, 3.0, options=MltOptions(link_mbps=10000, mtu_payload=1400)),
-            MltTransport(RECEIVER, b, 0, 3.0, options=MltOptions(link_mbps=10000, mtu_payload=8908))]
+    pair = [MltTransport(SENDER, a, 0, 3.0, options=mlt_options(link_mbps=10000, mtu_payload=1400)),
+            MltTransport(RECEIVER, b, 0, 3.0, options=mlt_options(link_mbps=10000, mtu_payload=8908))]
     errors = []
 
     def connect(transport, dial, accept):

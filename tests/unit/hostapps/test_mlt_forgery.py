@@ -12,10 +12,10 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 
 from hostapps import codec
+from hostapps.assembly import mlt_options
 from hostapps.mlt import MltStats, wire
 from hostapps.mlt import receiver as mlt_receiver
 from hostapps.mlt.peers import Peers
-from hostapps.mlt.options import MltOptions
 from hostapps.mlt.receiver import Delivery, Receiver, reassembly_bytes
 from hostapps.mlt.sender import Sender
 from hostapps.transport import MessageKey, Peer
@@ -121,8 +121,8 @@ def test_whatever_arrives_costs_a_counter_and_bounded_memory_and_the_real_messag
     message, loss_bound, required, events = scenario
     with mock.patch.object(mlt_receiver, "MAX_REMEMBERED", REMEMBERED):
         stats = MltStats()
-        machine = Receiver(RECEIVER, JOB, MltOptions(mtu_payload=FRAGMENT, loss_bound=loss_bound,
-                                                     max_message_bytes=LARGEST), TIMEOUT, stats)
+        machine = Receiver(RECEIVER, JOB, mlt_options(mtu_payload=FRAGMENT, loss_bound=loss_bound,
+                                                      max_message_bytes=LARGEST), TIMEOUT, stats)
         peers = Peers(JOB)
         peers.hosts[SENDER] = HOST
         now, sent, deliveries = 0.0, set(), {}
@@ -209,7 +209,7 @@ def feedback(draw) -> bytes:
 @given(st.lists(feedback(), max_size=20))
 def test_forged_feedback_on_another_grid_is_counted_and_a_nack_resends_only_what_the_message_has(datagrams):
     stats = MltStats()
-    machine = Sender(SENDER, JOB, MltOptions(mtu_payload=FRAGMENT, max_message_bytes=LARGEST), TIMEOUT, stats)
+    machine = Sender(SENDER, JOB, mlt_options(mtu_payload=FRAGMENT, max_message_bytes=LARGEST), TIMEOUT, stats)
     machine.add_peer(RECEIVER)
     message = machine.submit(RECEIVER, KEY, np.zeros(1000, np.uint8), None)
     while machine.first_datagram(message, 0.0) is not None:

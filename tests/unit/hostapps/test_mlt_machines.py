@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hostapps import codec
+from hostapps.assembly import mlt_options
 from hostapps.mlt import MltOptions, MltStats, wire
 from hostapps.mlt.pacing import FLOOR_SHARE, LINK_SHARE, PACING_BURST_S, HostPacer
 from hostapps.mlt.peers import Peers
@@ -21,7 +22,7 @@ JOB, TIMEOUT, FRAGMENT = 7, 5.0, 100
 
 
 def options(**changes) -> MltOptions:
-    return MltOptions(**{"mtu_payload": FRAGMENT, "link_mbps": 100.0, **changes})
+    return mlt_options(**{"mtu_payload": FRAGMENT, "link_mbps": 100.0, **changes})
 
 
 def sender(timeout: float = TIMEOUT, **changes) -> Sender:
@@ -233,7 +234,7 @@ def test_each_sender_with_a_message_in_flight_is_advised_its_share_at_once():
 def test_the_senders_of_the_most_important_class_share_the_link_and_the_others_wait_at_the_floor():
     """A worker receiving pulls from several shards (a receiver other than a shard)."""
     floor = int(FLOOR_SHARE * 100 * 1000)
-    machine = Receiver(Peer("worker", 3), JOB, options(tensor_dscp={5: 40, 6: 8}), TIMEOUT, MltStats())
+    machine = Receiver(Peer("worker", 3), JOB, options(layer_dscp={5: 40, 6: 8}), TIMEOUT, MltStats())
     third = Peer("worker", 2)  # tensor 5 in CS5, tensor 6 in CS1 (lower effort)
     machine.on_data(SENDER, data(KEY, 0, MESSAGE), now=0.0)  # CS0
     machine.on_data(third, data(KEY._replace(tensor=6), 0, MESSAGE), now=0.0)  # lower effort: after CS0
@@ -245,7 +246,7 @@ def test_the_senders_of_the_most_important_class_share_the_link_and_the_others_w
 def test_a_parameter_server_shard_splits_its_link_evenly_among_pushers_whatever_their_classes():
     """It aggregates a slice only once every worker's piece is in: no class of one worker goes before another's."""
     third = int(LINK_SHARE * 100 * 1000 / 3)
-    machine = receiver(tensor_dscp={5: 40, 6: 8})  # RECEIVER is a shard
+    machine = receiver(layer_dscp={5: 40, 6: 8})  # RECEIVER is a shard
     machine.on_data(SENDER, data(KEY, 0, MESSAGE), now=0.0)
     machine.on_data(Peer("worker", 2), data(KEY._replace(tensor=6), 0, MESSAGE), now=0.0)
     machine.on_data(OTHER, data(KEY._replace(tensor=5), 0, MESSAGE), now=0.0)
@@ -282,7 +283,7 @@ def test_a_message_whose_first_pass_is_out_waits_for_none_ahead():
 
 
 def test_first_passes_go_by_class_iteration_peer_served_most_fewest_bytes_left_then_age():
-    machine = sender(tensor_dscp={5: 40})  # tensor 5 in CS5
+    machine = sender(layer_dscp={5: 40})  # tensor 5 in CS5
     third = Peer("worker", 2)
     machine.add_peer(third)
     bulk = submit(machine, RECEIVER)
@@ -305,14 +306,14 @@ def test_a_parameter_server_finishes_the_worker_it_served_most_before_any_class_
     """A worker needs every layer before it goes on: the shard's pull of its last, least important layer goes
     before another worker's front layer.  A worker pushing to its shards keeps the class first."""
     shard, first, second = Peer("server", 0), Peer("worker", 0), Peer("worker", 1)
-    machine = Sender(shard, JOB, options(tensor_dscp={1: 40, 3: 8}), TIMEOUT, MltStats())  # fc1 CS5, out CS1
+    machine = Sender(shard, JOB, options(layer_dscp={1: 40, 3: 8}), TIMEOUT, MltStats())  # fc1 CS5, out CS1
     machine.add_peer(first)
     machine.add_peer(second)
     first_pass(machine, machine.submit(first, KEY._replace(tensor=1), np.frombuffer(MESSAGE, np.uint8).copy(), None))
     last_layer = machine.submit(first, KEY._replace(tensor=3), np.frombuffer(MESSAGE, np.uint8).copy(), None)
     front = machine.submit(second, KEY._replace(tensor=1), np.frombuffer(MESSAGE, np.uint8).copy(), None)
     assert machine.has_turn(last_layer) and not machine.has_turn(front)
-    pusher = sender(tensor_dscp={1: 40, 3: 8})  # a worker (SENDER) with two shards: RECEIVER and OTHER
+    pusher = sender(layer_dscp={1: 40, 3: 8})  # a worker (SENDER) with two shards: RECEIVER and OTHER
     first_pass(pusher, submit(pusher, RECEIVER, KEY._replace(tensor=1)))
     low = submit(pusher, RECEIVER, KEY._replace(tensor=3))
     high = submit(pusher, OTHER, KEY._replace(tensor=1))
