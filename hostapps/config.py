@@ -35,7 +35,7 @@ U32 = 2**32 - 1        # the frame header's job field; the largest seed
 MAX_TIMEOUT_S = 86400  # a day, far beyond any run (waits overflow past threading.TIMEOUT_MAX, ~292 years)
 MAX_LINK_MBPS = 1e6    # mlt advises rates in kbit/s in a 32-bit field
 # Messages of a job: a fusion bucket, partition or PS slice below 1 KiB (256 floats) costs Python
-# more per message than its bytes (caramel at 16 KB already lost to ready order).
+# more per message than its bytes.
 MIN_PIECE_BYTES, MAX_PIECE_BYTES = 1024, 1 << 30
 PIECE_BYTES = (f"{MIN_PIECE_BYTES}..{MAX_PIECE_BYTES}, smaller pieces cost a message per "
                f"{MIN_PIECE_BYTES // 4} floats or fewer")

@@ -326,8 +326,8 @@ class Receiver:
 
         A parameter server's shard splits it evenly whatever the classes: it aggregates a slice only once every
         worker's piece is in, so one worker's more important layer ahead of another's less important one
-        completes no slice sooner, and each class change re-advised every pusher (an RTT of rates out of step
-        each time: the headline's PS full stack took 1.10-1.12 s an iteration by class, 1.06-1.08 s evenly)."""
+        completes no slice sooner, and by class each class change would re-advise every pusher, their rates
+        out of step for a round trip each time."""
         if self._shares is None:  # asked for every ACK and NACK: computed once per change of the classes
             self._shares = self._compute_shares()
         return self._shares

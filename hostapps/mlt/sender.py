@@ -11,9 +11,9 @@ First passes share the host's link whole message by whole message, as a NIC's FI
 datagram by datagram (has_turn): the most important class first, then the oldest iteration, then
 the peer already sent the most of it, then the message with the fewest bytes left (SRPT, as Homa's
 sender), then the oldest; a message may go beside those ahead of it only while their peers' rates
-leave some of the link free.  Interleaving them evenly made a PS finish every worker's pull at the
-same moment, so no worker's next pushes could overlap the others' pulls (the overlap TCP's unfair
-sharing gives).
+leave some of the link free.  Interleaved evenly, a PS would finish every worker's pull at the same
+moment, so no worker's next pushes could overlap the others' pulls (the overlap TCP's unfair sharing
+gives).
 
 A message is kept until its receiver ACKs it.  It either tolerates loss (a gradient on its way to
 be reduced) or is exact (what every replica must agree on: all-gathered sums, pulled parameters,
@@ -228,8 +228,8 @@ class Sender:
 
         A parameter server's shard puts that peer before the class: a worker goes on only once it has every
         layer, the least important one included.  By class first, a back layer aggregated last (one worker's
-        gradient for it went out late) waited behind the next workers' front layers for every worker, which
-        all restarted together 0.15-0.57 s late (12 of the headline's 57 PS intervals of the full stack)."""
+        gradient for it went out late) would wait behind the next workers' front layers for every worker,
+        and they would all restart together, late."""
         iteration, served = self._served.get(message.peer, (None, 0))
         rank, peer_first = service_rank(message.dscp), -served if iteration == message.key.iteration else 0
         left = message.fragments - message.handed_out

@@ -5,8 +5,8 @@ control datagrams (ACK/NACK, RATE, PATHS, HELLO/BYE/ABORT) all arrive, and a poo
 source sockets: every data datagram leaves from one drawn at random (away from the ports its receiver
 reported congested: hostapps.mlt.paths), stamped with its send time, its DSCP set per datagram (IP_TOS
 ancillary data), so a fabric that hashes the UDP 5-tuple sprays a message over every path.  A leaf's
-split over its spines is a sample of that hash over the source ports: with 128 ports one side took
-about 7% more than the mean, with 1024 about 2.5% (|a - b| / (a + b) ~ sqrt(2 / (pi n))).  On a
+split over its spines is a sample of that hash over the source ports: its two sides differ by about
+sqrt(2 / (pi n)) of the bytes for n ports, 7% for 128, 2.5% for 1024 (the default).  On a
 per-flow fabric (the runner gives --sport-range 1 unless the spec's lb is spray) the one source socket
 binds --source-port: the datagrams to each peer are one flow, which ECMP places as it places a TCP flow.
 
@@ -19,9 +19,9 @@ binds --source-port: the datagrams to each peer are one flow, which ECMP places 
   when the pass has left.  A send thread sends every peer's resends and probes the same way.  The
   Sender is the one place that paces and orders: the threads only wait and send.
 
-One thread sending the first passes too (tried) halved the pacing sleeps, but each message then had
-to wake its caller, and the link idled whenever that one thread waited for the GIL: on loopback a
-3-worker PS iteration took 8-12% longer, for 4-11% less CPU per datagram.
+First passes leave from their callers' threads, not from the send thread: one thread sending them all
+would sleep less for pacing, but would have to wake each caller once its message is out, and would
+leave the link idle whenever it waits for the GIL.
 
 A failure while handling one datagram is a bug: counted (internal_errors, in summary.json) and
 reported once, but the loops go on.

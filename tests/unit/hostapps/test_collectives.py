@@ -82,7 +82,8 @@ def ps_iteration(addresses, gradients, make=TcpTransport):
 
 
 def test_pipeline_segments_fill_whole_datagrams_in_every_ring_chunk():
-    # The headline's first bucket: 267786 elements, 5 ranks, 2227-element (8908-byte) datagrams, 192 KB segments
+    # A ResNet-50 profile's first bucket: 267786 elements, 5 ranks, 2227-element (8908-byte) datagrams, 192 KB
+    # segments
     bounds = segment_bounds(267786, 49152, 5, 2227)
     assert [hi - lo for lo, hi in bounds] == [44540] * 5 + [44540 + 546]  # 4 datagrams a chunk; the rest folded in
     for lo, hi in bounds[:-1]:
@@ -149,9 +150,9 @@ def test_tcp_dials_from_the_source_port_it_is_given_and_again_while_the_last_lin
 
 
 def test_peers_are_dialed_in_rank_order_in_every_process():
-    # A set of ring neighbours iterates in an order that changes with the process's string hashing:
-    # worker 0 dialed worker 1 or worker 4 first by chance, each from the other source port (the
-    # headline's rep 3 placed its all-reduce's h6-h1 flow on either spine).
+    # A set of ring neighbours iterates in an order that changes with the process's string hashing: worker 0
+    # would dial worker 1 or worker 4 first by chance, each from the other source port, and per-flow ECMP
+    # would place the same flow on another spine from run to run.
     workers = [("10.0.0.1", 7000 + r) for r in range(5)]
     dial, accept = peers_to_connect(ProcessConfig(role="worker", rank=0, workers=workers))
     assert (list(dial), accept) == ([Peer("worker", 1), Peer("worker", 4)], {})

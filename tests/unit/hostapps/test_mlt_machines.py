@@ -268,9 +268,9 @@ def test_first_passes_take_the_link_whole_message_by_whole_message():
 
 
 def test_a_message_whose_first_pass_is_out_waits_for_none_ahead():
-    """Its caller returns at once, to submit what became ready meanwhile: a PS's send thread for one worker
-    held in a 1 MB pull until every other worker's was out submitted the front layer, updated long
-    before, last (the headline's lock-step)."""
+    """Its caller returns at once, to submit what became ready meanwhile: a PS's send thread for one worker,
+    held in a 1 MB pull until every other worker's was out, would submit the front layer, updated long
+    before, last, and the workers would restart in lock-step."""
     machine = sender()
     sent = submit(machine, RECEIVER, payload=MESSAGE[:300])
     first_pass(machine, sent)
