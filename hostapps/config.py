@@ -31,7 +31,7 @@ TRANSPORTS = ("tcp", "mlt")
 # queue (hostapps.mlt.paths), or blind, at random over every port.
 SPRAY_MODES = ("adaptive", "blind")
 ROLES = ("worker", "server")
-U32 = 2**32 - 1        # the frame header's job field; the largest seed
+U32 = 2**32 - 1        # the frame header's tag field; the largest seed
 MAX_TIMEOUT_S = 86400  # a day, far beyond any run (waits overflow past threading.TIMEOUT_MAX, ~292 years)
 MAX_LINK_MBPS = 1e6    # mlt advises rates in kbit/s in a 32-bit field
 # Messages of a job: a fusion bucket, partition or PS slice below 1 KiB (256 floats) costs Python
@@ -179,7 +179,11 @@ class ProcessConfig(Training):
     out: str | None = knob(None, "a directory for iterations.csv, tensors.csv, trace.json, summary.json")
     timeout: float = knob(30.0, f"seconds > 0, at most {MAX_TIMEOUT_S}: a peer silent this long is an error",
                           lambda x: 0 < x <= MAX_TIMEOUT_S)
-    job: int = knob(0, f"an integer 0..{U32}, the frame header's job field", lambda n: 0 <= n <= U32)
+    tag: int = knob(0, f"an integer 0..{U32}: the job's number, in every frame it sends, so that jobs sharing "
+                    "hosts never take each other's messages", lambda n: 0 <= n <= U32)
+    # The old name of --tag, still given by the experiment runner (which also finds a run's processes by
+    # `--job N` on their command lines); it goes when the runner gives --tag.
+    job: int | None = knob(None, f"an integer 0..{U32}, the old name of --tag", lambda n: 0 <= n <= U32)
     link_mbps: float = knob(100.0, f"Mbit/s > 0, at most {MAX_LINK_MBPS:.0f}: the host's link (mlt pacing, "
                             "profile timing)", lambda x: 0 < x <= MAX_LINK_MBPS)
     source_port: int = knob(0, "0 or a port 1024..65535 (tcp: the j-th peer this process dials is dialed from "
@@ -196,6 +200,12 @@ class ProcessConfig(Training):
     quiet_ms: float = knob(5.0, "milliseconds > 0, at most --timeout (mlt: silence after which a message "
                            "within the loss bound is complete)", lambda x: 0 < x <= 1000 * MAX_TIMEOUT_S)
     layer_dscp: Any = knob({}, "TENSOR:DSCP,... (mlt: the controller's class per tensor)", parse=parse_layer_dscp)
+
+    def __post_init__(self) -> None:
+        if self.job is not None:
+            if self.tag not in (0, self.job):
+                raise ConfigError("--job", f"{self.job} is not allowed (the old name of --tag, which says {self.tag})")
+            object.__setattr__(self, "tag", self.job)
 
     @property
     def world(self) -> int:

@@ -220,13 +220,13 @@ class _Handshake:
 class TcpTransport(Transport):
     """One persistent TCP connection per peer, framed with codec headers; every message arrives whole."""
 
-    def __init__(self, me: Peer, listen: Address, job: int, timeout: float,
+    def __init__(self, me: Peer, listen: Address, tag: int, timeout: float,
                  log: TensorLog | None = None, source_port: int = 0,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
         self.me = me
         self.listen_address = listen
         self.source_port = source_port  # the first peer dialed from it, the next from source_port + 1...; 0: any
-        self.job = job
+        self.tag = tag
         self.timeout = timeout
         self.max_message_bytes = max_message_bytes  # the job's largest message: a frame announcing more is refused
         self._log = log
@@ -276,7 +276,7 @@ class TcpTransport(Transport):
                 time.sleep(0.05)
                 continue
             sock.settimeout(self.timeout)
-            hello = codec.Frame(codec.KIND_HELLO, self.me.role, self.me.rank, 0, self.job, 0, 0, 0, 0, 0)
+            hello = codec.Frame(codec.KIND_HELLO, self.me.role, self.me.rank, 0, self.tag, 0, 0, 0, 0, 0)
             sock.sendall(codec.encode_header(hello))
             return sock
         raise TransportError(f"could not connect to {self._names[peer]} within {self.timeout:.1f} s: {last_error}")
@@ -366,8 +366,8 @@ class TcpTransport(Transport):
             return None
         hello = codec.decode_header(handshake.header)
         peer = Peer(hello.role, hello.rank)
-        if hello.kind != codec.KIND_HELLO or hello.job != self.job or peer not in expected:
-            raise codec.FrameError(f"unexpected hello from {peer} for job {hello.job}")
+        if hello.kind != codec.KIND_HELLO or hello.tag != self.tag or peer not in expected:
+            raise codec.FrameError(f"unexpected hello from {peer} with tag {hello.tag}")
         if peer in accepted:
             raise codec.FrameError(f"a second hello from {peer}")
         return peer
@@ -392,8 +392,8 @@ class TcpTransport(Transport):
         try:
             while _recv_exact(sock, header_view, True, self._closing):
                 frame = codec.decode_header(header)
-                if frame.kind != codec.KIND_DATA or (frame.role, frame.rank) != peer or frame.job != self.job:
-                    raise codec.FrameError(f"frame kind {frame.kind} from {frame.role}{frame.rank} job {frame.job} "
+                if frame.kind != codec.KIND_DATA or (frame.role, frame.rank) != peer or frame.tag != self.tag:
+                    raise codec.FrameError(f"frame kind {frame.kind} from {frame.role}{frame.rank} tag {frame.tag} "
                                            f"on the connection of {peer}")
                 if frame.offset != 0 or frame.length != frame.total:
                     raise codec.FrameError(f"TCP frames carry whole messages, got fragment "
@@ -422,7 +422,7 @@ class TcpTransport(Transport):
             raise too_large(key, self._names[peer], array.nbytes, self.max_message_bytes)
         payload = memoryview(np.ascontiguousarray(array)).cast("B")
         header = codec.encode_header(codec.Frame(
-            codec.KIND_DATA, self.me.role, self.me.rank, key.step, self.job, key.iteration,
+            codec.KIND_DATA, self.me.role, self.me.rank, key.step, self.tag, key.iteration,
             key.tensor, 0, len(payload), len(payload)))
         start = time.time()
         try:

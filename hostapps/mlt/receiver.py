@@ -1,7 +1,7 @@
 """The receiving end of mlt as a state machine: data and clock ticks in, replies and deliveries out.
 
 No sockets, threads or clock of its own.  The transport hands it each DATA datagram of a peer it
-trusts (our job, from that peer's host) and a tick every half quiet period, both with the time, and
+trusts (our job's tag, from that peer's host) and a tick every half quiet period, both with the time, and
 does what the returned actions say: send a Reply (an ACK, a NACK, a RATE advice) from its home
 socket, hand a Delivery (a message complete within its loss bound) to recv().  A message's bound is
 the stricter of ours and its sender's: every DATA datagram says how many bytes must arrive, all of
@@ -183,8 +183,8 @@ Action = Reply | Delivery
 class Receiver:
     """Every incoming message of this process, from first fragment to delivery."""
 
-    def __init__(self, me: Peer, job: int, options: MltOptions, timeout: float, stats: MltStats):
-        self.me, self.job, self.timeout, self.stats = me, job, timeout, stats
+    def __init__(self, me: Peer, tag: int, options: MltOptions, timeout: float, stats: MltStats):
+        self.me, self.tag, self.timeout, self.stats = me, tag, timeout, stats
         self.fragment_bytes = options.mtu_payload  # every process of the job cuts its messages so
         self.loss_bound, self.quiet_s = options.loss_bound, options.quiet_s
         self.link_mbps, self.max_message_bytes = options.link_mbps, options.max_message_bytes
@@ -260,7 +260,7 @@ class Receiver:
         if now - done.last_ack < self.quiet_s:
             return ()
         done.last_ack = now
-        return [Reply(peer, wire.feedback(self.me, self.job, key, codec.KIND_ACK, done.total, self.fragment_bytes,
+        return [Reply(peer, wire.feedback(self.me, self.tag, key, codec.KIND_ACK, done.total, self.fragment_bytes,
                                           done.delivered))]
 
     def remembered(self) -> int:
@@ -354,12 +354,12 @@ class Receiver:
         else:
             self._next_advice = now + ADVICE_INTERVAL_S
         self._advised.update(shares)
-        return [Reply(peer, wire.control(self.me, self.job, codec.KIND_RATE, advised_kbps=share))
+        return [Reply(peer, wire.control(self.me, self.tag, codec.KIND_RATE, advised_kbps=share))
                 for peer, share in shares.items()]
 
     def _feedback(self, peer: Peer, key: MessageKey, reassembly: Reassembly, kind: int, now: float) -> Reply:
         return Reply(peer, wire.feedback(
-            self.me, self.job, key, kind, reassembly.total, reassembly.fragment_bytes, reassembly.delivered,
+            self.me, self.tag, key, kind, reassembly.total, reassembly.fragment_bytes, reassembly.delivered,
             self._shares_kbps().get(peer, 0),
             reassembly.missing_bitmap() if kind == codec.KIND_NACK else b""))
 

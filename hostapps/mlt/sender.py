@@ -146,8 +146,8 @@ class Failure(NamedTuple):
 class Sender:
     """Every outgoing message of this process, from submission to its ACK."""
 
-    def __init__(self, me: Peer, job: int, options: MltOptions, timeout: float, stats: MltStats):
-        self.me, self.job, self.timeout, self.stats = me, job, timeout, stats
+    def __init__(self, me: Peer, tag: int, options: MltOptions, timeout: float, stats: MltStats):
+        self.me, self.tag, self.timeout, self.stats = me, tag, timeout, stats
         self.fragment_bytes, self.loss_bound = options.mtu_payload, options.loss_bound
         self.drop_marking, self.layer_dscp = options.drop_marking, options.layer_dscp
         self.pacer = HostPacer(options.link_mbps * 1e6 / 8)
@@ -292,7 +292,7 @@ class Sender:
 
     def _emission(self, message: Outgoing, index: int, length: int, at: float, first: bool, ends: bool) -> Emission:
         offset = index * self.fragment_bytes
-        frame = wire.data_frame(self.me, self.job, message.key, offset, length, message.payload.size)
+        frame = wire.data_frame(self.me, self.tag, message.key, offset, length, message.payload.size)
         header = bytearray(codec.encode_datagram_header(frame, 0, self.fragment_bytes, message.required))
         lower = first and message.marked is not None and bool(message.marked[index])
         return Emission(message.peer, frame, header, message.view[offset:offset + length],

@@ -93,16 +93,16 @@ TOS_ANCILLARY = [[(socket.IPPROTO_IP, socket.IP_TOS, bytes([dscp << 2]))] for ds
 class MltTransport(Transport):
     """UDP datagrams sprayed over source ports, with ACK/NACK recovery up to a loss bound."""
 
-    def __init__(self, me: Peer, listen: Address, job: int, timeout: float, options: MltOptions,
+    def __init__(self, me: Peer, listen: Address, tag: int, timeout: float, options: MltOptions,
                  log: TensorLog | None = None, drop: DropFunction | None = None):
-        self.me, self.listen_address, self.job, self.timeout = me, listen, job, timeout
+        self.me, self.listen_address, self.tag, self.timeout = me, listen, tag, timeout
         self.options = options
         self.stats = MltStats()
         self._log, self._drop = log, drop
-        self._peers = Peers(job)
+        self._peers = Peers(tag)
         self.mailbox = Mailbox(self._peers.names)
-        self._receiver = Receiver(me, job, self.options, timeout, self.stats)  # the receive loop's alone
-        self._sender = Sender(me, job, self.options, timeout, self.stats)
+        self._receiver = Receiver(me, tag, self.options, timeout, self.stats)  # the receive loop's alone
+        self._sender = Sender(me, tag, self.options, timeout, self.stats)
         # _lock guards what several threads share: the Sender and the peers' life cycle.  The send thread
         # waits on _work (a resend or probe queued); connect() and close() on _progress (a HELLO, an ACK, a BYE);
         # send() on _turn (a first pass ended, or a rate changed) when its message must let others go first.
@@ -345,7 +345,7 @@ class MltTransport(Transport):
             return self._sources
 
     def _control(self, peer: Peer, kind: int, step: int = 0) -> None:
-        self._send_control(peer, wire.control(self.me, self.job, kind, step, fragment_bytes=self.options.mtu_payload))
+        self._send_control(peer, wire.control(self.me, self.tag, kind, step, fragment_bytes=self.options.mtu_payload))
 
     def _send_control(self, peer: Peer, datagram: bytes) -> None:
         try:
@@ -460,7 +460,7 @@ class MltTransport(Transport):
         """The timers of both machines, and the path monitor's reports."""
         self._act(self._receiver.tick(now))
         for peer, report in self._monitor.report(now).items():
-            self._send_control(peer, wire.paths(self.me, self.job, report))
+            self._send_control(peer, wire.paths(self.me, self.tag, report))
         with self._lock:
             failures = self._sender.tick(now)
             self._wake_sender()

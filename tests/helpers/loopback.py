@@ -41,7 +41,7 @@ def run_threads(targets):
 
 
 def connect_mesh(peers, addresses, timeout=5.0, make=TcpTransport):
-    """Fully connected transports made by make(peer, address, job, timeout): the lower index dials."""
+    """Fully connected transports made by make(peer, address, tag, timeout): the lower index dials."""
     transports = [make(p, a, 0, timeout) for p, a in zip(peers, addresses)]
 
     def connect(i):

@@ -237,11 +237,11 @@ class LossyMlt:
         self.messages: list[tuple[Peer, MessageKey, str, float, int]] = []
         self.lock = threading.Lock()
 
-    def __call__(self, me: Peer, address, job: int, timeout: float) -> MltTransport:
+    def __call__(self, me: Peer, address, tag: int, timeout: float) -> MltTransport:
         def log(iteration, tensor, step, nbytes, direction, peer, start, end, fraction):
             with self.lock:
                 self.messages.append((me, MessageKey(iteration, tensor, step), direction, fraction, nbytes))
-        return MltTransport(me, address, job, timeout, self.options, log, drop=lambda frame: self.drop(me, frame))
+        return MltTransport(me, address, tag, timeout, self.options, log, drop=lambda frame: self.drop(me, frame))
 
     def received(self, phase_of) -> dict[str, list[float]]:
         """The delivered fractions of the received messages, by phase."""

@@ -230,10 +230,10 @@ def test_random_bytes_never_crash_the_datagram_decoder(data):
     assert frame.offset + frame.length <= frame.total and len(datagram.payload) == frame.length
 
 
-def transport_pair(addresses, options=mlt_options(**LOOPBACK_MLT), drop=None, timeout=5.0, job=0):
+def transport_pair(addresses, options=mlt_options(**LOOPBACK_MLT), drop=None, timeout=5.0, tag=0):
     a, b = addresses(2)
-    sender = MltTransport(SENDER, a, job, timeout, options=options, drop=drop)
-    receiver = MltTransport(RECEIVER, b, job, timeout, options=options)
+    sender = MltTransport(SENDER, a, tag, timeout, options=options, drop=drop)
+    receiver = MltTransport(RECEIVER, b, tag, timeout, options=options)
     threads = [threading.Thread(target=sender.connect, args=({RECEIVER: b}, {})),
                threading.Thread(target=receiver.connect, args=({}, {SENDER: a}))]
     for t in threads:
@@ -447,8 +447,8 @@ LOOPBACK = dict(transport="mlt", **LOOPBACK_MLT)
 
 
 def test_training_over_mlt_matches_tcp(loopback_addresses):
-    # The largest job id the frame header holds: every transport carries and checks it.
-    options = dict(iterations=20, batch=32, eval_every=0, model=Model(width=64, depth=2), momentum=0.5, job=2**32 - 1)
+    # The largest tag the frame header holds: every transport carries and checks it.
+    options = dict(iterations=20, batch=32, eval_every=0, model=Model(width=64, depth=2), momentum=0.5, tag=2**32 - 1)
     for mode, shards, slicing in (("allreduce", 0, {}), ("ps", 2, {}), ("ps", 2, {"ps_slice_bytes": 4096})):
         tcp = run_job(loopback_addresses, 4, mode, shards, **options, **slicing)
         datagrams = run_job(loopback_addresses, 4, mode, shards, **options, **slicing, **LOOPBACK)
@@ -479,13 +479,13 @@ def test_training_converges_with_random_loss_within_the_bound(loopback_addresses
     received = {"worker": [], "server": []}  # (peer, iteration, tensor, bytes, delivered fraction) of each message
     rng = random.Random(1)
 
-    def lossy_transport(me, listen, job, timeout, log, options):
+    def lossy_transport(me, listen, tag, timeout, log, options):
         def logged(*message):
             iteration, tensor, _, total, direction, peer, *_, fraction = message
             if direction == "recv":
                 received[me.role].append((peer, iteration, tensor, total, fraction))
             log(*message)
-        transports.append(MltTransport(me, listen, job, timeout, options, logged,
+        transports.append(MltTransport(me, listen, tag, timeout, options, logged,
                                        drop=lambda frame: rng.random() < 0.01))
         return transports[-1]
     monkeypatch.setattr(assembly, "MltTransport", lossy_transport)
@@ -507,8 +507,8 @@ def test_training_converges_with_random_loss_within_the_bound(loopback_addresses
 def test_allreduce_replicas_stay_bit_identical_with_loss_on_one_workers_link(loopback_addresses, monkeypatch, tmp_path):
     rng = random.Random(2)
 
-    def lossy_transport(me, listen, job, timeout, log, options):  # 1% of worker 0's datagrams lost
-        return MltTransport(me, listen, job, timeout, options, log,
+    def lossy_transport(me, listen, tag, timeout, log, options):  # 1% of worker 0's datagrams lost
+        return MltTransport(me, listen, tag, timeout, options, log,
                             drop=lambda frame: me.rank == 0 and rng.random() < 0.01)
     monkeypatch.setattr(assembly, "MltTransport", lossy_transport)
     # fc1's chunks: 44 kB in 32 datagrams, one of which may stay missing under the bound.
@@ -534,8 +534,8 @@ def forge(to, frame: codec.Frame, fragment_bytes: int, payload: bytes = b"", sou
         sock.sendto(codec.encode_datagram_header(frame, 0, fragment_bytes, delivered) + payload, to)
 
 
-def data_frame(key: MessageKey, offset: int, length: int, total: int, sender: Peer = SENDER, job: int = 0):
-    return codec.Frame(codec.KIND_DATA, sender.role, sender.rank, key.step, job, key.iteration, key.tensor,
+def data_frame(key: MessageKey, offset: int, length: int, total: int, sender: Peer = SENDER, tag: int = 0):
+    return codec.Frame(codec.KIND_DATA, sender.role, sender.rank, key.step, tag, key.iteration, key.tensor,
                        offset, length, total)
 
 
@@ -564,11 +564,11 @@ def test_a_forged_huge_message_is_never_allocated_nor_holds_up_the_real_one(loop
 
 
 def test_datagrams_from_another_host_or_job_are_dropped(loopback_addresses):
-    sender, receiver = transport_pair(loopback_addresses, job=2**32 - 1)  # the largest job id the header holds
+    sender, receiver = transport_pair(loopback_addresses, tag=2**32 - 1)  # the largest tag the header holds
     key = MessageKey(5, 0, 0)
-    message = data_frame(key, 0, 4, 4, job=2**32 - 1)
+    message = data_frame(key, 0, 4, 4, tag=2**32 - 1)
     forge(receiver.listen_address, message, 1400, np.float32(1).tobytes(), source="127.0.0.2")  # not the sender's host
-    forge(receiver.listen_address, message._replace(job=7), 1400, np.float32(2).tobytes())  # another job
+    forge(receiver.listen_address, message._replace(tag=7), 1400, np.float32(2).tobytes())  # another job's
     forge(receiver.listen_address, message._replace(rank=5), 1400, np.float32(3).tobytes())  # no peer of ours
     forge(receiver.listen_address, message, 1400, np.float32(4).tobytes())  # the sender's host, any port
     out = np.empty(1, np.float32)

@@ -22,7 +22,7 @@ from hostapps.transport import MessageKey, Peer
 
 SENDER, RECEIVER = Peer("worker", 0), Peer("server", 0)
 HOST = "10.0.0.1"
-JOB, TIMEOUT, FRAGMENT, LARGEST = 7, 5.0, 100, 1200  # the job's limits: fragment size, largest message
+TAG, TIMEOUT, FRAGMENT, LARGEST = 7, 5.0, 100, 1200  # the job's limits: fragment size, largest message
 KEY = MessageKey(3, 1, 0)  # the legitimate message's
 REMEMBERED = 8  # the receiver's cap on completed messages, small enough for forgeries to reach it
 # What a datagram the receiver recognises as bad may cost: one of these counters.
@@ -30,11 +30,11 @@ COUNTERS = ("malformed", "foreign", "oversized", "over_budget", "mismatched", "d
 U16, U32, U64 = 2**16 - 1, 2**32 - 1, 2**64 - 1
 
 
-def raw(kind: int = codec.KIND_DATA, role: int = 0, rank: int = 0, step: int = 0, job: int = JOB, iteration: int = 0,
+def raw(kind: int = codec.KIND_DATA, role: int = 0, rank: int = 0, step: int = 0, tag: int = TAG, iteration: int = 0,
         tensor: int = 0, offset: int = 0, length: int = 0, total: int = 0, fragment_bytes: int = FRAGMENT,
         delivered: int = 0, payload: bytes = b"") -> bytes:
     """A datagram with any header fields, packed as they are (the codec's encoder would refuse the absurd)."""
-    header = codec.HEADER.pack(codec.MAGIC, codec.VERSION, kind, role, rank, step, job, iteration, tensor, offset,
+    header = codec.HEADER.pack(codec.MAGIC, codec.VERSION, kind, role, rank, step, tag, iteration, tensor, offset,
                                length, total)
     return header + codec.DATAGRAM.pack(0, fragment_bytes, delivered, 0) + payload
 
@@ -65,7 +65,7 @@ def absurd(draw, message: bytes) -> bytes:
         offset=draw(st.one_of(st.just(0), st.integers(0, U64))), length=length, total=total,
         fragment_bytes=fragment_bytes, delivered=draw(st.one_of(st.just(0), st.integers(0, U64))),
         payload=draw(st.binary(max_size=300)) if draw(st.booleans()) else bytes(min(length, 300)))
-    stranger = draw(st.sampled_from([{}, {"job": JOB + 1}, {"rank": 9}, {"role": 1}, {"kind": 0}, {"kind": 99}]))
+    stranger = draw(st.sampled_from([{}, {"tag": TAG + 1}, {"rank": 9}, {"role": 1}, {"kind": 0}, {"kind": 99}]))
     return raw(**fields, **stranger)
 
 
@@ -121,9 +121,9 @@ def test_whatever_arrives_costs_a_counter_and_bounded_memory_and_the_real_messag
     message, loss_bound, required, events = scenario
     with mock.patch.object(mlt_receiver, "MAX_REMEMBERED", REMEMBERED):
         stats = MltStats()
-        machine = Receiver(RECEIVER, JOB, mlt_options(mtu_payload=FRAGMENT, loss_bound=loss_bound,
+        machine = Receiver(RECEIVER, TAG, mlt_options(mtu_payload=FRAGMENT, loss_bound=loss_bound,
                                                       max_message_bytes=LARGEST), TIMEOUT, stats)
-        peers = Peers(JOB)
+        peers = Peers(TAG)
         peers.hosts[SENDER] = HOST
         now, sent, deliveries = 0.0, set(), {}
         complete = False
@@ -209,7 +209,7 @@ def feedback(draw) -> bytes:
 @given(st.lists(feedback(), max_size=20))
 def test_forged_feedback_on_another_grid_is_counted_and_a_nack_resends_only_what_the_message_has(datagrams):
     stats = MltStats()
-    machine = Sender(SENDER, JOB, mlt_options(mtu_payload=FRAGMENT, max_message_bytes=LARGEST), TIMEOUT, stats)
+    machine = Sender(SENDER, TAG, mlt_options(mtu_payload=FRAGMENT, max_message_bytes=LARGEST), TIMEOUT, stats)
     machine.add_peer(RECEIVER)
     message = machine.submit(RECEIVER, KEY, np.zeros(1000, np.uint8), None)
     while machine.first_datagram(message, 0.0) is not None:

@@ -18,7 +18,7 @@ from hostapps.transport import MessageKey, Peer
 
 SENDER, RECEIVER, OTHER = Peer("worker", 0), Peer("server", 0), Peer("worker", 1)
 KEY = MessageKey(3, 1, 0)
-JOB, TIMEOUT, FRAGMENT = 7, 5.0, 100
+TAG, TIMEOUT, FRAGMENT = 7, 5.0, 100
 
 
 def options(**changes) -> MltOptions:
@@ -26,14 +26,14 @@ def options(**changes) -> MltOptions:
 
 
 def sender(timeout: float = TIMEOUT, **changes) -> Sender:
-    machine = Sender(SENDER, JOB, options(**changes), timeout, MltStats())
+    machine = Sender(SENDER, TAG, options(**changes), timeout, MltStats())
     machine.add_peer(RECEIVER)
     machine.add_peer(OTHER)
     return machine
 
 
 def receiver(timeout: float = TIMEOUT, **changes) -> Receiver:
-    return Receiver(RECEIVER, JOB, options(**changes), timeout, MltStats())
+    return Receiver(RECEIVER, TAG, options(**changes), timeout, MltStats())
 
 
 def datagram(data: bytes) -> codec.Datagram:
@@ -47,14 +47,14 @@ def on_the_wire(emission: Emission) -> codec.Datagram:
 def data(key: MessageKey, index: int, message: bytes, fragment: int = FRAGMENT, required: int = 0) -> codec.Datagram:
     """Fragment `index` of `message` as SENDER sends it, saying `required` bytes must arrive."""
     payload = message[index * fragment:(index + 1) * fragment]
-    frame = wire.data_frame(SENDER, JOB, key, index * fragment, len(payload), len(message))
+    frame = wire.data_frame(SENDER, TAG, key, index * fragment, len(payload), len(message))
     return datagram(codec.encode_datagram_header(frame, index, fragment, required) + payload)
 
 
 def probe(key: MessageKey, message: bytes, fragment: int = FRAGMENT, required: int = 0) -> codec.Datagram:
     """SENDER's probe of `message`: its last fragment's header, without the payload."""
     offset = (wire.fragment_count(len(message), fragment) - 1) * fragment
-    frame = wire.data_frame(SENDER, JOB, key, offset, 0, len(message))
+    frame = wire.data_frame(SENDER, TAG, key, offset, 0, len(message))
     return datagram(codec.encode_datagram_header(frame, 1, fragment, required))
 
 
@@ -234,7 +234,7 @@ def test_each_sender_with_a_message_in_flight_is_advised_its_share_at_once():
 def test_the_senders_of_the_most_important_class_share_the_link_and_the_others_wait_at_the_floor():
     """A worker receiving pulls from several shards (a receiver other than a shard)."""
     floor = int(FLOOR_SHARE * 100 * 1000)
-    machine = Receiver(Peer("worker", 3), JOB, options(layer_dscp={5: 40, 6: 8}), TIMEOUT, MltStats())
+    machine = Receiver(Peer("worker", 3), TAG, options(layer_dscp={5: 40, 6: 8}), TIMEOUT, MltStats())
     third = Peer("worker", 2)  # tensor 5 in CS5, tensor 6 in CS1 (lower effort)
     machine.on_data(SENDER, data(KEY, 0, MESSAGE), now=0.0)  # CS0
     machine.on_data(third, data(KEY._replace(tensor=6), 0, MESSAGE), now=0.0)  # lower effort: after CS0
@@ -306,7 +306,7 @@ def test_a_parameter_server_finishes_the_worker_it_served_most_before_any_class_
     """A worker needs every layer before it goes on: the shard's pull of its last, least important layer goes
     before another worker's front layer.  A worker pushing to its shards keeps the class first."""
     shard, first, second = Peer("server", 0), Peer("worker", 0), Peer("worker", 1)
-    machine = Sender(shard, JOB, options(layer_dscp={1: 40, 3: 8}), TIMEOUT, MltStats())  # fc1 CS5, out CS1
+    machine = Sender(shard, TAG, options(layer_dscp={1: 40, 3: 8}), TIMEOUT, MltStats())  # fc1 CS5, out CS1
     machine.add_peer(first)
     machine.add_peer(second)
     first_pass(machine, machine.submit(first, KEY._replace(tensor=1), np.frombuffer(MESSAGE, np.uint8).copy(), None))
@@ -358,7 +358,7 @@ def nack(message: bytes, missing: list[int], fragment: int = FRAGMENT, key: Mess
     received[missing] = False
     bitmap = wire.missing_bitmap(received)
     delivered = len(message) - sum(len(message[i * fragment:(i + 1) * fragment]) for i in missing)
-    return datagram(wire.feedback(RECEIVER, JOB, key, codec.KIND_NACK, len(message), fragment, delivered,
+    return datagram(wire.feedback(RECEIVER, TAG, key, codec.KIND_NACK, len(message), fragment, delivered,
                                   bitmap=bitmap))
 
 
@@ -424,7 +424,7 @@ def test_a_nack_resends_important_fragments_first_and_never_marks_them():
     machine.on_feedback(RECEIVER, nack(values.tobytes(), [3, 6]), now=0.01)  # 100 bytes short: one fragment
     assert [(on_the_wire(e).frame.offset, e.lower_effort) for e in drain(machine)] == [(600, False)]
     assert sender(drop_marking=True).allowance(RECEIVER, KEY, values.nbytes, True) == 0  # no loss bound: none
-    assert Sender(RECEIVER, JOB, options(loss_bound=0.1, drop_marking=True), TIMEOUT,
+    assert Sender(RECEIVER, TAG, options(loss_bound=0.1, drop_marking=True), TIMEOUT,
                   MltStats()).lower_effort(values, 100) is None  # a server's parameters are never marked
 
 
@@ -452,7 +452,7 @@ def test_a_probe_re_sends_the_last_fragment_only_to_a_peer_that_nacked_lately():
     machine.tick(0.01 + 2 * RTO_S)
     probe, = drain(machine, now=0.01 + 2 * RTO_S)  # the fragment is likely lost: the probe repairs it
     assert (probe.frame.offset, probe.frame.length) == (1000, 24) and machine.stats.probes == 1
-    machine.on_feedback(RECEIVER, datagram(wire.feedback(RECEIVER, JOB, KEY, codec.KIND_ACK, 1024, FRAGMENT, 1024)),
+    machine.on_feedback(RECEIVER, datagram(wire.feedback(RECEIVER, TAG, KEY, codec.KIND_ACK, 1024, FRAGMENT, 1024)),
                         now=0.3)
     clean = submit(machine, key=KEY._replace(tensor=2))
     first_pass(machine, clean, now=0.01 + LOSSY_PATH_S)
@@ -505,7 +505,7 @@ def test_an_ack_releases_the_message_and_what_it_had_left_to_send():
     first_pass(machine, message)
     machine.on_feedback(RECEIVER, nack(MESSAGE, [1, 2]), now=0.01)
     machine.next_datagram(0.01)
-    ack = datagram(wire.feedback(RECEIVER, JOB, KEY, codec.KIND_ACK, 1024, FRAGMENT, 1024))
+    ack = datagram(wire.feedback(RECEIVER, TAG, KEY, codec.KIND_ACK, 1024, FRAGMENT, 1024))
     machine.on_feedback(RECEIVER, ack, now=0.02)
     assert message.released and machine.outgoing == {} and machine.next_datagram(0.02) is None
     assert machine.first_datagram(submit(machine, key=KEY._replace(tensor=2)), 0.02) is not None
@@ -517,7 +517,7 @@ def test_feedback_on_another_grid_or_size_is_counted_and_ignored():
     machine = sender()
     first_pass(machine, submit(machine))
     machine.on_feedback(RECEIVER, nack(MESSAGE, [1], fragment=50), now=0.01)
-    machine.on_feedback(RECEIVER, datagram(wire.feedback(RECEIVER, JOB, KEY, codec.KIND_ACK, 1000, FRAGMENT, 1000)),
+    machine.on_feedback(RECEIVER, datagram(wire.feedback(RECEIVER, TAG, KEY, codec.KIND_ACK, 1000, FRAGMENT, 1000)),
                         now=0.01)
     assert machine.stats.mismatched == 2 and machine.next_datagram(0.01) is None and len(machine.outgoing) == 1
 
@@ -567,12 +567,12 @@ def test_the_host_pacer_keeps_every_peer_together_under_the_link():
 
 
 def test_only_our_peers_datagrams_from_their_hosts_count():
-    peers = Peers(JOB)
+    peers = Peers(TAG)
     peers.hosts[SENDER] = "10.0.0.1"
-    frame = wire.data_frame(SENDER, JOB, KEY, 0, 4, 4)
+    frame = wire.data_frame(SENDER, TAG, KEY, 0, 4, 4)
     assert peers.sender_of(frame, "10.0.0.1") == SENDER
     assert peers.sender_of(frame, "10.0.0.2") is None
-    assert peers.sender_of(frame._replace(job=JOB + 1), "10.0.0.1") is None
+    assert peers.sender_of(frame._replace(tag=TAG + 1), "10.0.0.1") is None
     assert peers.sender_of(frame._replace(rank=5), "10.0.0.1") is None
 
 
@@ -646,7 +646,7 @@ def test_random_loss_on_a_long_message_is_repaired_with_just_enough_resends():
 
 def forged_probe(key: MessageKey, total: int, fragment: int, required: int = 0) -> codec.Datagram:
     """62 bytes as anyone on SENDER's host could send them: a probe of `key` in `fragment`-byte pieces."""
-    frame = wire.data_frame(SENDER, JOB, key, 0, 0, total)
+    frame = wire.data_frame(SENDER, TAG, key, 0, 0, total)
     return datagram(codec.encode_datagram_header(frame, 0, fragment, required))
 
 
