@@ -203,7 +203,8 @@ class Receiver:
     def on_data(self, peer: Peer, datagram: codec.Datagram, now: float) -> Sequence[Action]:
         """A DATA datagram from `peer`."""
         frame = datagram.frame
-        if frame.total > self.max_message_bytes:
+        total = frame.total
+        if total > self.max_message_bytes:
             self.stats.oversized += 1
             return ()
         if datagram.fragment_bytes != self.fragment_bytes:  # off the job's grid
@@ -221,21 +222,21 @@ class Receiver:
                 if key.iteration <= completed.horizon:
                     self.stats.stale += 1
                     return ()
-            footprint = reassembly_bytes(frame.total, self.fragment_bytes)
+            footprint = reassembly_bytes(total, self.fragment_bytes)
             if (self._held_messages[peer] >= MAX_INCOMPLETE_MESSAGES
                     or self._held_bytes[peer] + footprint > self._held_budget):
                 self.stats.over_budget += 1
                 return ()
-            reassembly = self.incoming[ident] = Reassembly(frame.total, self.fragment_bytes, now)
+            reassembly = self.incoming[ident] = Reassembly(total, self.fragment_bytes, now)
             self._held_messages[peer] += 1
             self._held_bytes[peer] += footprint
             if self._count_in_flight(peer, key, reassembly, +1):
                 advice = self._advice(now, changed_only=True)
-        elif frame.total != reassembly.total:  # off the grid its first datagram set
+        elif total != reassembly.total:  # off the grid its first datagram set
             self.stats.mismatched += 1
             return ()
-        # Its sender says the same in every datagram; a forged one may only ask for more.
-        reassembly.required = max(reassembly.required, datagram.delivered)
+        if datagram.delivered > reassembly.required:  # its sender says the same in every datagram: a forged one
+            reassembly.required = datagram.delivered  # may only ask for more
         if probe:
             # The sender's pass is over and it heard nothing for its RTO: complete or NACK the message now
             # (every fragment, if none came), not a quiet period later.
