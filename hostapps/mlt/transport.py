@@ -97,6 +97,8 @@ class MltTransport(Transport):
                  log: TensorLog | None = None, drop: DropFunction | None = None):
         self.me, self.listen_address, self.tag, self.timeout = me, listen, tag, timeout
         self.options = options
+        self._tick_s = options.quiet_s / 2  # the machines' timers run this often
+        self._adaptive_spray = options.adaptive_spray
         self.stats = MltStats()
         self._log, self._drop = log, drop
         self._peers = Peers(tag)
@@ -126,7 +128,7 @@ class MltTransport(Transport):
         except OSError as e:
             self._home.close()
             raise TransportError(f"{me} cannot listen on {format_address(listen)}: {e.strerror or e}")
-        self._home.settimeout(max(0.001, self.options.quiet_s / 2))
+        self._home.settimeout(max(0.001, self._tick_s))
         self._threads = [threading.Thread(target=self._receive_loop, daemon=True, name=f"mlt-recv-{me}"),
                          threading.Thread(target=self._send_loop, daemon=True, name=f"mlt-send-{me}")]
         for thread in self._threads:
@@ -383,7 +385,7 @@ class MltTransport(Transport):
                     self._on_bytes(view[:n], host, port, now)
                 if now >= next_tick:
                     self._tick(now)
-                    next_tick = now + self.options.quiet_s / 2
+                    next_tick = now + self._tick_s
         except BaseException as e:  # a bug in the timers must fail the job, not look like a silent peer
             if not self._stopped.is_set():
                 for peer in self._peers.addresses:
@@ -413,7 +415,7 @@ class MltTransport(Transport):
                 if self._sender.advise(peer, datagram.advised_kbps * 125):
                     self._turn.notify_all()
         if frame.kind == codec.KIND_DATA:
-            if datagram.sent_us and self.options.adaptive_spray:  # unstamped: lower-effort, queued apart
+            if datagram.sent_us and self._adaptive_spray:  # unstamped: lower-effort, queued apart
                 self._monitor.observe(peer, port, datagram.sent_us, now, self.options.layer_dscp.get(frame.tensor, 0))
             self._on_data(peer, datagram, now)
         elif frame.kind in (codec.KIND_ACK, codec.KIND_NACK):
