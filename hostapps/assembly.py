@@ -3,14 +3,16 @@ model is cut into, the largest message of the job, and the transport with this p
 connections (ring neighbours in allreduce; every worker-server pair in ps)."""
 from __future__ import annotations
 
-from typing import NamedTuple
+import dataclasses
+from typing import Any, NamedTuple
 
+from common.schema import defaults
 from hostapps.collectives import float_parts, make_buckets, ring_neighbours
 from hostapps.config import ProcessConfig
-from hostapps.mlt import DEFAULT_MAX_MESSAGE_BYTES, MltOptions, MltTransport
+from hostapps.mlt import MltOptions, MltTransport
 from hostapps.model import FlatModel
 from hostapps.records import Recorder
-from hostapps.transport import Address, Peer, TcpTransport
+from hostapps.transport import DEFAULT_MAX_MESSAGE_BYTES, Address, Peer, TcpTransport
 
 
 class Piece(NamedTuple):
@@ -53,21 +55,29 @@ def peers_to_connect(cfg: ProcessConfig) -> tuple[dict[Peer, Address], dict[Peer
     return dial, accept
 
 
-def connect_transport(cfg: ProcessConfig, recorder: Recorder,
-                      max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> TcpTransport | MltTransport:
+def mlt_options(cfg: ProcessConfig | None = None, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                **changes: Any) -> MltOptions:
+    """mlt's options: the knobs of the same names of `cfg` (or their defaults, without one), `changes` made,
+    and the job's largest message."""
+    knobs = defaults(ProcessConfig) if cfg is None else {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    options = MltOptions(max_message_bytes=max_message_bytes,
+                         **{f.name: knobs[f.name] for f in dataclasses.fields(MltOptions) if f.name in knobs})
+    return dataclasses.replace(options, **changes)
+
+
+def connect_transport(cfg: ProcessConfig, recorder: Recorder, max_message_bytes: int) -> TcpTransport | MltTransport:
     """Open this process's connections: ring neighbours in allreduce; every worker-server pair in ps.
-    max_message_bytes: the largest message of the job (mlt drops datagrams declaring more)."""
+    max_message_bytes: the largest message of the job (largest_message_bytes): a transport refuses to send
+    more, and a peer announcing more is refused, not allocated."""
     me = Peer(cfg.role, cfg.rank)
     listen = (cfg.workers if cfg.role == "worker" else cfg.servers)[cfg.rank]
     if cfg.transport == "mlt":
-        options = MltOptions(cfg.loss_bound, cfg.sport_range, cfg.mtu_payload, cfg.quiet_ms / 1000, cfg.link_mbps,
-                             cfg.drop_marking, cfg.layer_dscp, max_message_bytes,
-                             adaptive_spray=cfg.spray == "adaptive" and cfg.sport_range > 1,
-                             source_port=cfg.source_port)
-        transport: TcpTransport | MltTransport = MltTransport(me, listen, cfg.job, cfg.timeout,
-                                                              recorder.log_message, options)
+        transport: TcpTransport | MltTransport = MltTransport(me, listen, cfg.tag, cfg.timeout,
+                                                              options=mlt_options(cfg, max_message_bytes),
+                                                              log=recorder.log_message)
     else:
-        transport = TcpTransport(me, listen, cfg.job, cfg.timeout, recorder.log_message, cfg.source_port)
+        transport = TcpTransport(me, listen, cfg.tag, cfg.timeout, recorder.log_message, cfg.source_port,
+                                 max_message_bytes)
     dial, accept = peers_to_connect(cfg)
     try:
         transport.connect(dial, accept)

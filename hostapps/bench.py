@@ -35,10 +35,11 @@ def _bench_model(nbytes: int) -> FlatModel:
     return FlatModel([SimpleNamespace(name=f"t{i}", size=size) for i in range(PS_TENSORS)])
 
 
-def _measure(cfg: ProcessConfig, rounds: int, one_round) -> dict:
-    """Run one warm-up round then `rounds` timed ones; wall and CPU seconds, payload bytes moved."""
+def _measure(cfg: ProcessConfig, nbytes: int, rounds: int, one_round) -> dict:
+    """Run one warm-up round then `rounds` timed ones (no message above nbytes); wall and CPU seconds, payload
+    bytes moved."""
     recorder = Recorder(0, cfg.role, cfg.rank)
-    transport = connect_transport(cfg, recorder)
+    transport = connect_transport(cfg, recorder, nbytes)
     state = one_round(transport, None, 0)
     recorder.messages.clear()
     wall, cpu = time.perf_counter(), time.process_time()
@@ -57,7 +58,7 @@ def _allreduce_process(cfg: ProcessConfig, nbytes: int, rounds: int, results) ->
                                   np.empty(nbytes // 4 // cfg.world + 1, np.float32))
         ring_allreduce(transport, left, right, cfg.rank, cfg.world, r, 0, flat, scratch)
         return flat, scratch
-    results.put(_measure(cfg, rounds, one_round))
+    results.put(_measure(cfg, nbytes, rounds, one_round))
 
 
 def _ps_process(cfg: ProcessConfig, nbytes: int, rounds: int, results) -> None:
@@ -75,7 +76,7 @@ def _ps_process(cfg: ProcessConfig, nbytes: int, rounds: int, results) -> None:
         for t in range(PS_TENSORS):
             transport.recv(server, MessageKey(r, t, PS_PULL), out=model.layer_params(t))
         return True
-    results.put(_measure(cfg, rounds, serve if cfg.role == "server" else push_pull))
+    results.put(_measure(cfg, nbytes, rounds, serve if cfg.role == "server" else push_pull))
 
 
 def _run_processes(targets, expected: int | None = None) -> list[dict]:

@@ -3,7 +3,7 @@
 A frame is a fixed header followed by `length` payload bytes.  The header is
 self-describing so that a datagram transport can carry one fragment of a
 message per packet and the receiver needs no other state to place it:
-(job, iteration, tensor, step) names the message, `offset`/`length` place the
+(tag, iteration, tensor, step) names the message, `offset`/`length` place the
 fragment inside it and `total` is the message size.  The sender's role and
 rank are in every header because a loss-tolerant transport sends from random
 source ports.  TCP sends each message as a single fragment.
@@ -36,7 +36,7 @@ KINDS = (KIND_HELLO, KIND_DATA, KIND_ACK, KIND_NACK, KIND_BYE, KIND_ABORT, KIND_
 
 ROLES = ("worker", "server")
 
-# magic, version, kind, role, rank, step, job, iteration, tensor, offset, length, total
+# magic, version, kind, role, rank, step, tag, iteration, tensor, offset, length, total
 HEADER = struct.Struct("!2sBBBHHIIIQIQ")
 
 # sent_us, fragment_bytes, delivered, advised_kbps: appended to HEADER in every datagram.
@@ -59,7 +59,7 @@ class Frame(NamedTuple):
     role: str
     rank: int
     step: int
-    job: int
+    tag: int        # the job's: jobs sharing hosts never take each other's frames
     iteration: int
     tensor: int
     offset: int
@@ -72,7 +72,7 @@ def encode_header(frame: Frame) -> bytes:
     if not 0 <= frame.offset <= frame.total - frame.length:
         raise FrameError(f"fragment {frame.offset}+{frame.length} lies outside a {frame.total}-byte message")
     return HEADER.pack(MAGIC, VERSION, frame.kind, ROLES.index(frame.role), frame.rank,
-                       frame.step, frame.job, frame.iteration, frame.tensor,
+                       frame.step, frame.tag, frame.iteration, frame.tensor,
                        frame.offset, frame.length, frame.total)
 
 
@@ -83,7 +83,7 @@ def decode_header(data: bytes | bytearray | memoryview) -> Frame:
     return _checked_frame(*HEADER.unpack(data))
 
 
-def _checked_frame(magic: bytes, version: int, kind: int, role: int, rank: int, step: int, job: int,
+def _checked_frame(magic: bytes, version: int, kind: int, role: int, rank: int, step: int, tag: int,
                    iteration: int, tensor: int, offset: int, length: int, total: int) -> Frame:
     if magic != MAGIC:
         raise FrameError(f"bad magic {bytes(magic)!r}")
@@ -99,7 +99,7 @@ def _checked_frame(magic: bytes, version: int, kind: int, role: int, rank: int, 
         raise FrameError(f"fragment {offset}+{length} lies outside a {total}-byte message")
     if kind == KIND_HELLO and total:
         raise FrameError("hello frame carries a payload")
-    return Frame(kind, ROLES[role], rank, step, job, iteration, tensor, offset, length, total)
+    return Frame(kind, ROLES[role], rank, step, tag, iteration, tensor, offset, length, total)
 
 
 class Datagram(NamedTuple):

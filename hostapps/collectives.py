@@ -107,9 +107,9 @@ def segment_bounds(size: int, segment_elements: int, world: int, grid: int) -> l
     """Cut range(size), the elements of one all-reduce unit, into pipeline segments of about
     `segment_elements` each (at least one): a whole number of world x grid elements, so each of a segment's
     ring chunks fills whole datagrams of `grid` elements, save the last segment, which takes the remainder
-    (one under half a segment is folded into the segment before it).  Equal segments of exactly
-    segment_elements left every chunk a short datagram: the headline's all-reduce sent 264 datagrams an
-    iteration per worker where 224 carry the same bytes, each one a wake-up of the sender and the receiver."""
+    (one under half a segment is folded into the segment before it).  Segments of exactly segment_elements
+    would end every chunk with a short datagram: more datagrams for the same bytes, each one a wake-up of
+    the sender and the receiver."""
     block = world * grid
     step = block * max(1, round(segment_elements / block), -(-size // (block * max_segments(world))))
     bounds = [(lo, min(size, lo + step)) for lo in range(0, size, step)] or [(0, 0)]

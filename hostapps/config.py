@@ -10,7 +10,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from common.frames import DEFAULT_MTU
 from hostapps.collectives import FUSION_PRESETS, MAX_PS_SLICES, split_bytes
+from hostapps.mlt.wire import payload_for_mtu
 from hostapps.model import FlatModel, Network
 from hostapps.profiles import PROFILES, ProfileModel
 from common.schema import SchemaError, add_arguments, from_arguments, knob, section, to_arguments
@@ -29,11 +31,11 @@ TRANSPORTS = ("tcp", "mlt")
 # queue (hostapps.mlt.paths), or blind, at random over every port.
 SPRAY_MODES = ("adaptive", "blind")
 ROLES = ("worker", "server")
-U32 = 2**32 - 1        # the frame header's job field; the largest seed
+U32 = 2**32 - 1        # the frame header's tag field; the largest seed
 MAX_TIMEOUT_S = 86400  # a day, far beyond any run (waits overflow past threading.TIMEOUT_MAX, ~292 years)
 MAX_LINK_MBPS = 1e6    # mlt advises rates in kbit/s in a 32-bit field
 # Messages of a job: a fusion bucket, partition or PS slice below 1 KiB (256 floats) costs Python
-# more per message than its bytes (caramel at 16 KB already lost to ready order).
+# more per message than its bytes.
 MIN_PIECE_BYTES, MAX_PIECE_BYTES = 1024, 1 << 30
 PIECE_BYTES = (f"{MIN_PIECE_BYTES}..{MAX_PIECE_BYTES}, smaller pieces cost a message per "
                f"{MIN_PIECE_BYTES // 4} floats or fewer")
@@ -177,7 +179,11 @@ class ProcessConfig(Training):
     out: str | None = knob(None, "a directory for iterations.csv, tensors.csv, trace.json, summary.json")
     timeout: float = knob(30.0, f"seconds > 0, at most {MAX_TIMEOUT_S}: a peer silent this long is an error",
                           lambda x: 0 < x <= MAX_TIMEOUT_S)
-    job: int = knob(0, f"an integer 0..{U32}, the frame header's job field", lambda n: 0 <= n <= U32)
+    tag: int = knob(0, f"an integer 0..{U32}: the job's number, in every frame it sends, so that jobs sharing "
+                    "hosts never take each other's messages", lambda n: 0 <= n <= U32)
+    # The old name of --tag, still given by the experiment runner (which also finds a run's processes by
+    # `--job N` on their command lines); it goes when the runner gives --tag.
+    job: int | None = knob(None, f"an integer 0..{U32}, the old name of --tag", lambda n: 0 <= n <= U32)
     link_mbps: float = knob(100.0, f"Mbit/s > 0, at most {MAX_LINK_MBPS:.0f}: the host's link (mlt pacing, "
                             "profile timing)", lambda x: 0 < x <= MAX_LINK_MBPS)
     source_port: int = knob(0, "0 or a port 1024..65535 (tcp: the j-th peer this process dials is dialed from "
@@ -185,14 +191,21 @@ class ProcessConfig(Training):
                             "per-flow ECMP places the flows alike in every run given the same ports; 0: ephemeral "
                             "ports)", lambda n: n == 0 or 1024 <= n <= 65535)
     # mlt (hostapps/mlt): datagram payload, source-port pool, quiet period, DSCP per tensor
-    mtu_payload: int = knob(1400, "a multiple of 4 in 64..65000 (mlt: payload bytes per datagram)",
-                            lambda n: 64 <= n <= 65000 and n % 4 == 0)
+    # by default as much as a datagram carries at the fabric's default MTU (the runner gives its fabric's)
+    mtu_payload: int = knob(payload_for_mtu(DEFAULT_MTU), "a multiple of 4 in 64..65000 (mlt: payload bytes per "
+                            "datagram, the same in every process)", lambda n: 64 <= n <= 65000 and n % 4 == 0)
     sport_range: int = knob(1024, "an integer 1..1024 (mlt: UDP source ports a sender sprays over; 1 on a "
                             "per-flow fabric)",
                             lambda n: 1 <= n <= 1024)
     quiet_ms: float = knob(5.0, "milliseconds > 0, at most --timeout (mlt: silence after which a message "
                            "within the loss bound is complete)", lambda x: 0 < x <= 1000 * MAX_TIMEOUT_S)
     layer_dscp: Any = knob({}, "TENSOR:DSCP,... (mlt: the controller's class per tensor)", parse=parse_layer_dscp)
+
+    def __post_init__(self) -> None:
+        if self.job is not None:
+            if self.tag not in (0, self.job):
+                raise ConfigError("--job", f"{self.job} is not allowed (the old name of --tag, which says {self.tag})")
+            object.__setattr__(self, "tag", self.job)
 
     @property
     def world(self) -> int:

@@ -2,8 +2,8 @@
 
 digits.csv.gz is scikit-learn's copy (sklearn/datasets/data, BSD-3-Clause; the data are Alpaydin and
 Kaynak's, UCI ML repository, CC BY 4.0): one row per image, 64 pixel values 0..16 then the label.
-It is read with numpy alone, since importing scikit-learn for it cost every worker 1.75 s of CPU at
-start-up (a run starts five or more at once on two cores).
+It is read with numpy alone: importing scikit-learn for it would cost every worker seconds of CPU at
+start-up, and a run starts five or more at once on two cores.
 
 Each global batch is drawn from a seeded stream of per-epoch permutations of
 the training split; worker `rank` of `world` takes every world-th sample of it

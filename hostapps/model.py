@@ -18,8 +18,8 @@ from hostapps.data import CLASSES, IMAGE_SIDE
 
 def limit_blas_threads() -> None:
     """One BLAS thread in this process.  A host app is one process of several on a few cores: more threads
-    only oversubscribe them, and OpenBLAS's spin while they wait for work (the headline's all-reduce on
-    mlt took 0.55 s an iteration at 0.95 machine CPU with two per process, 0.40 s at 0.88 with one)."""
+    only oversubscribe them, and OpenBLAS's spin while they wait for work, taking the CPU the other
+    processes' communication threads need."""
     for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[variable] = "1"  # BLAS libraries loaded later read these
     threadpool_limits(1)  # ... those loaded already (numpy's) are told

@@ -199,9 +199,10 @@ PROFILES: dict[str, Callable[[], Profile]] = {
 
 
 def caramel_backward_order(graph: Sequence[Op], backward_s: Sequence[float], sizes: Sequence[int]) -> list[int]:
-    """Caramel's computation reordering (Wang et al., 2020): backprop may run any op once every op reading
-    its output has run; among those, the one readying the most gradient bytes per second of its compute
-    goes first, so gradients reach the network sooner.  Returns the layers in the order their gradients
+    """Caramel's computation reordering (Hashemi et al., arXiv 2004.14020, 2020; cited in full at
+    send_orders.Caramel): backprop may run any op once every op reading its output has run; among those,
+    the one readying the most gradient bytes per second of its compute goes first, so gradients reach the
+    network sooner.  Returns the layers in the order their gradients
     become ready.  Parameter-free ops (a residual add) only pass the gradient on and go at once; ties keep
     the reversed layer order, so a chain, which leaves no choice, is unchanged."""
     readers = [0] * len(graph)

@@ -20,6 +20,7 @@ from hostapps.collectives import PHASES
 from common.files import atomic_open
 from hostapps.transport import Peer
 
+# `job` is the job's tag (its number in every frame): the results read the column by that name.
 ITERATION_COLUMNS = ("job", "role", "rank", "iteration", "start_s", "end_s", "compute_s", "wait_s",
                      "bytes_sent", "bytes_recv", "delivered_fraction",
                      *(f"delivered_fraction_{phase}" for phase in PHASES), "loss", "test_accuracy")
@@ -46,8 +47,8 @@ class MessageRecord(NamedTuple):
 class Recorder:
     """Collects iteration rows, per-message tensor rows and trace spans of one process."""
 
-    def __init__(self, job: int, role: str, rank: int):
-        self.job, self.role, self.rank = job, role, rank
+    def __init__(self, tag: int, role: str, rank: int):
+        self.tag, self.role, self.rank = tag, role, rank
         self.iterations: list[dict] = []
         self.messages: list[MessageRecord] = []
         self.spans: list[tuple[str, str, float, float, str]] = []
@@ -93,7 +94,7 @@ class Recorder:
         """tensor_names maps a tensor id to (tensor name, layer indices joined by '+'); phase_of gives each
         message's phase."""
         os.makedirs(out_dir, exist_ok=True)
-        ident = dict(job=self.job, role=self.role, rank=self.rank)
+        ident = dict(job=self.tag, role=self.role, rank=self.rank)
         nbytes = self.bytes_by_iteration(phase_of)
         with atomic_open(os.path.join(out_dir, "iterations.csv"), newline="") as f:
             writer = csv.DictWriter(f, ITERATION_COLUMNS)
@@ -115,7 +116,7 @@ class Recorder:
             writer.writerow(TENSOR_COLUMNS)
             for iteration, tensor, _, size, direction, peer, start, end, fraction in self.messages:
                 name, layer = tensor_names[tensor]
-                writer.writerow([self.job, self.role, self.rank, iteration, name, layer, size, direction, peer,
+                writer.writerow([self.tag, self.role, self.rank, iteration, name, layer, size, direction, peer,
                                  f"{start:.6f}", f"{end:.6f}", f"{fraction:.4f}"])
         with atomic_open(os.path.join(out_dir, "trace.json")) as f:
             json.dump(self.chrome_trace(tensor_names), f)

@@ -324,8 +324,8 @@ class Tac(SendOrder):
 
 @register_send_order("caramel")
 class Caramel(ReadyOrder):
-    """Caramel-style overlap (Wang et al., "Caramel: Accelerating Decentralized Distributed Deep Learning
-    with Model-Aware Scheduling", 2020) for allreduce.
+    """Caramel-style overlap (Hashemi, Abdu Jyothi, Godfrey, Campbell, "Caramel: Accelerating Decentralized
+    Distributed Deep Learning with Computation Scheduling", arXiv 2004.14020, 2020) for allreduce.
 
     Buckets grow as backprop proceeds: the first closes at --partition-bytes,
     each next one at twice the previous, so the first all-reduce starts as

@@ -152,7 +152,7 @@ def run_server(cfg: ProcessConfig) -> dict:
     """Serve cfg.iterations synchronous iterations; write the --out files; return the summary."""
     wall_start = time.time()
     model = build_model(cfg)
-    recorder = Recorder(cfg.job, "server", cfg.rank)
+    recorder = Recorder(cfg.tag, "server", cfg.rank)
     transport = connect_transport(cfg, recorder, largest_message_bytes(cfg, model))
     try:
         shard = ParameterShard(cfg, transport, model, recorder)
@@ -167,7 +167,7 @@ def run_server(cfg: ProcessConfig) -> dict:
         transport.abort()
         raise
     transport.close()
-    summary = dict(job=cfg.job, role="server", rank=cfg.rank, mode=cfg.mode, model=cfg.model.name,
+    summary = dict(job=cfg.tag, role="server", rank=cfg.rank, mode=cfg.mode, model=cfg.model.name,
                    final_accuracy=None, iterations=cfg.iterations, param_count=int(model.params.size),
                    bytes_per_iteration=int(model.params.nbytes), shard_tensors=shard.tensors,
                    transport=transport.counters(), timing=timing.summary(), blas_threads=blas_threads(),

@@ -12,6 +12,7 @@ order (`wait_any`) without knowing the sender's order.
 """
 import errno
 import random
+import selectors
 import socket
 import sys
 import threading
@@ -39,6 +40,12 @@ class MessageKey(NamedTuple):
 
 
 Address = tuple[str, int]
+
+# The largest message a transport takes when not told the job's (hostapps.assembly.largest_message_bytes):
+# in tests.  A peer announcing more is refused, not allocated.
+DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
+HELLO_TIMEOUT_S = 5.0  # an accepted connection that has not said who it is by then is closed
+MAX_HANDSHAKES = 64    # accepted connections whose HELLO is awaited at once; beyond, the oldest is closed
 
 # Called for every message sent or received:
 # (iteration, tensor, step, nbytes, direction, peer, start_s, end_s, delivered_fraction).
@@ -131,6 +138,12 @@ def describe_key(key: MessageKey) -> str:
     return f"tensor {key.tensor} step {key.step} of iteration {key.iteration}"
 
 
+def too_large(key: MessageKey, peer: str, nbytes: int, largest: int) -> TransportError:
+    """A message to send beyond the job's largest: its receiver would refuse it (a bug in computing the largest)."""
+    return TransportError(f"{describe_key(key)} for {peer} has {nbytes} bytes, more than the job's largest message "
+                          f"({largest} bytes)")
+
+
 class Transport(ABC):
     """Moves tensor messages between this process and its peers."""
 
@@ -195,16 +208,27 @@ class _SourcePortBusy(Exception):
     """The chosen source port cannot dial the peer now."""
 
 
+class _Handshake:
+    """An accepted connection whose HELLO is still arriving."""
+
+    def __init__(self, sock: socket.socket, source: Address, now: float):
+        self.sock, self.source, self.since = sock, source, now
+        self.header = bytearray(codec.HEADER.size)
+        self.got = 0
+
+
 class TcpTransport(Transport):
     """One persistent TCP connection per peer, framed with codec headers; every message arrives whole."""
 
-    def __init__(self, me: Peer, listen: Address, job: int, timeout: float,
-                 log: TensorLog | None = None, source_port: int = 0):
+    def __init__(self, me: Peer, listen: Address, tag: int, timeout: float,
+                 log: TensorLog | None = None, source_port: int = 0,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
         self.me = me
         self.listen_address = listen
         self.source_port = source_port  # the first peer dialed from it, the next from source_port + 1...; 0: any
-        self.job = job
+        self.tag = tag
         self.timeout = timeout
+        self.max_message_bytes = max_message_bytes  # the job's largest message: a frame announcing more is refused
         self._log = log
         self._names: dict[Peer, str] = {}
         self.mailbox = Mailbox(self._names)
@@ -252,7 +276,7 @@ class TcpTransport(Transport):
                 time.sleep(0.05)
                 continue
             sock.settimeout(self.timeout)
-            hello = codec.Frame(codec.KIND_HELLO, self.me.role, self.me.rank, 0, self.job, 0, 0, 0, 0, 0)
+            hello = codec.Frame(codec.KIND_HELLO, self.me.role, self.me.rank, 0, self.tag, 0, 0, 0, 0, 0)
             sock.sendall(codec.encode_header(hello))
             return sock
         raise TransportError(f"could not connect to {self._names[peer]} within {self.timeout:.1f} s: {last_error}")
@@ -283,34 +307,75 @@ class TcpTransport(Transport):
 
     def _accept(self, expected: set[Peer], accepted: dict[Peer, socket.socket],
                 error: list[str], deadline: float) -> None:
-        while expected - set(accepted):
-            if time.monotonic() >= deadline:
-                missing = sorted(expected - set(accepted))
-                names = ", ".join(self._names[p] for p in missing)
-                error.append(f"{names} never connected within {self.timeout:.1f} s")
-                return
+        """Accept connections until every expected peer said HELLO on one.  Every connection's HELLO is read as
+        it arrives, so a silent or slow one holds up none of the others; it is closed after HELLO_TIMEOUT_S, or
+        when MAX_HANDSHAKES newer ones wait."""
+        handshakes: dict[socket.socket, _Handshake] = {}
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._listener, selectors.EVENT_READ)
             try:
-                sock, source = self._listener.accept()
-            except socket.timeout:
-                continue
-            except OSError:  # the listener was closed by abort()
-                error.append(f"{self.me}: stopped while waiting for peers")
-                return
-            sock.settimeout(max(0.1, deadline - time.monotonic()))
-            header = bytearray(codec.HEADER.size)
-            try:
-                _recv_exact(sock, memoryview(header), False, self._closing)
-                hello = codec.decode_header(header)
-                peer = Peer(hello.role, hello.rank)
-                if hello.kind != codec.KIND_HELLO or hello.job != self.job or peer not in expected:
-                    raise codec.FrameError(f"unexpected hello from {peer} for job {hello.job}")
-            except (OSError, TransportError, codec.FrameError) as e:
-                # A stray or garbled connection is refused; the job waits for its real peers.
-                print(f"warning: {self.me}: rejected connection from {format_address(source)}: {e}", flush=True)
-                sock.close()
-                continue
-            sock.settimeout(self.timeout)
-            accepted[peer] = sock
+                while expected - set(accepted):
+                    now = time.monotonic()
+                    if self._closing.is_set():  # abort() closed the listener
+                        error.append(f"{self.me}: stopped while waiting for peers")
+                        return
+                    if now >= deadline:
+                        names = ", ".join(self._names[p] for p in sorted(expected - set(accepted)))
+                        error.append(f"{names} never connected within {self.timeout:.1f} s")
+                        return
+                    for late in [h for h in handshakes.values() if now - h.since > HELLO_TIMEOUT_S]:
+                        self._refuse(handshakes.pop(late.sock), selector, f"no hello within {HELLO_TIMEOUT_S:g} s")
+                    for ready, _ in selector.select(min(0.2, deadline - now)):
+                        if ready.fileobj is self._listener:
+                            if len(handshakes) >= MAX_HANDSHAKES:
+                                self._refuse(handshakes.pop(next(iter(handshakes))), selector, "too many connections")
+                            sock, source = self._listener.accept()
+                            sock.setblocking(False)
+                            handshakes[sock] = _Handshake(sock, source, time.monotonic())
+                            selector.register(sock, selectors.EVENT_READ)
+                            continue
+                        handshake = handshakes[ready.fileobj]  # type: ignore[index]
+                        try:
+                            peer = self._hear_hello(handshake, expected, accepted)
+                        except (OSError, codec.FrameError) as e:
+                            # A stray or garbled connection is refused; the job waits for its real peers.
+                            self._refuse(handshakes.pop(handshake.sock), selector, str(e))
+                            continue
+                        if peer is not None:
+                            selector.unregister(handshake.sock)
+                            del handshakes[handshake.sock]
+                            handshake.sock.settimeout(self.timeout)
+                            accepted[peer] = handshake.sock
+            except OSError as e:  # the listener failed
+                error.append(f"{self.me}: stopped while waiting for peers ({e.strerror or e})")
+            finally:
+                for handshake in handshakes.values():
+                    handshake.sock.close()
+
+    def _hear_hello(self, handshake: _Handshake, expected: set[Peer],
+                    accepted: dict[Peer, socket.socket]) -> Peer | None:
+        """Read what came of a connection's HELLO: its peer once whole, None while it is not."""
+        try:
+            n = handshake.sock.recv_into(memoryview(handshake.header)[handshake.got:])
+        except BlockingIOError:
+            return None
+        if n == 0:
+            raise codec.FrameError("closed before its hello")
+        handshake.got += n
+        if handshake.got < len(handshake.header):
+            return None
+        hello = codec.decode_header(handshake.header)
+        peer = Peer(hello.role, hello.rank)
+        if hello.kind != codec.KIND_HELLO or hello.tag != self.tag or peer not in expected:
+            raise codec.FrameError(f"unexpected hello from {peer} with tag {hello.tag}")
+        if peer in accepted:
+            raise codec.FrameError(f"a second hello from {peer}")
+        return peer
+
+    def _refuse(self, handshake: _Handshake, selector: selectors.BaseSelector, reason: str) -> None:
+        print(f"warning: {self.me}: rejected connection from {format_address(handshake.source)}: {reason}", flush=True)
+        selector.unregister(handshake.sock)
+        handshake.sock.close()
 
     def _attach(self, peer: Peer, sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -327,12 +392,15 @@ class TcpTransport(Transport):
         try:
             while _recv_exact(sock, header_view, True, self._closing):
                 frame = codec.decode_header(header)
-                if frame.kind != codec.KIND_DATA or (frame.role, frame.rank) != peer or frame.job != self.job:
-                    raise codec.FrameError(f"frame kind {frame.kind} from {frame.role}{frame.rank} job {frame.job} "
+                if frame.kind != codec.KIND_DATA or (frame.role, frame.rank) != peer or frame.tag != self.tag:
+                    raise codec.FrameError(f"frame kind {frame.kind} from {frame.role}{frame.rank} tag {frame.tag} "
                                            f"on the connection of {peer}")
                 if frame.offset != 0 or frame.length != frame.total:
                     raise codec.FrameError(f"TCP frames carry whole messages, got fragment "
                                            f"{frame.offset}+{frame.length} of {frame.total}")
+                if frame.total > self.max_message_bytes:
+                    raise codec.FrameError(f"a message of {frame.total} bytes, more than the job's largest "
+                                           f"({self.max_message_bytes} bytes)")
                 start = time.time()
                 payload = np.empty(frame.total, dtype=np.uint8)
                 _recv_exact(sock, memoryview(payload), False, self._closing)
@@ -350,9 +418,11 @@ class TcpTransport(Transport):
             self.mailbox.peer_gone(peer, "closing" if self._closing.is_set() else reason)
 
     def send(self, peer: Peer, key: MessageKey, array: np.ndarray, tolerate_loss: bool = False) -> None:
+        if array.nbytes > self.max_message_bytes:
+            raise too_large(key, self._names[peer], array.nbytes, self.max_message_bytes)
         payload = memoryview(np.ascontiguousarray(array)).cast("B")
         header = codec.encode_header(codec.Frame(
-            codec.KIND_DATA, self.me.role, self.me.rank, key.step, self.job, key.iteration,
+            codec.KIND_DATA, self.me.role, self.me.rank, key.step, self.tag, key.iteration,
             key.tensor, 0, len(payload), len(payload)))
         start = time.time()
         try:

@@ -242,7 +242,7 @@ def run_worker(cfg: ProcessConfig, on_iteration: Callable[[int], None] | None = 
     model = build_model(cfg)
     split = load_split(cfg.seed) if isinstance(model, Network) else None
     batches = ShardedBatches(split, cfg.batch, cfg.rank, cfg.world, cfg.seed) if split else None
-    recorder = Recorder(cfg.job, "worker", cfg.rank)
+    recorder = Recorder(cfg.tag, "worker", cfg.rank)
     transport = connect_transport(cfg, recorder, largest_message_bytes(cfg, model))
     inference = cfg.task == "inference"
     sync = (AllReduceSync if cfg.mode == "allreduce" else InferencePull if inference else PushPullSync)(
@@ -277,7 +277,7 @@ def run_worker(cfg: ProcessConfig, on_iteration: Callable[[int], None] | None = 
         # A comm-thread failure is the root cause of whatever the compute thread then saw.
         raise sync.loop.error or e
     transport.close()
-    summary = dict(job=cfg.job, role="worker", rank=cfg.rank, mode=cfg.mode, model=cfg.model.name,
+    summary = dict(job=cfg.tag, role="worker", rank=cfg.rank, mode=cfg.mode, model=cfg.model.name,
                    final_accuracy=accuracy, iterations=cfg.iterations, param_count=int(model.params.size),
                    bytes_per_iteration=int(model.params.nbytes), transport=transport.counters(),
                    timing=timing.summary(), blas_threads=blas_threads(),

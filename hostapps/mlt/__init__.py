@@ -16,12 +16,12 @@ One concept per module; only transport.py has sockets, threads or a clock:
 - options: MltOptions (what a job sets) and MltStats (what a process counts);
 - transport: MltTransport, the thin shell: sockets and the threads that carry out what the machines say.
 """
-from hostapps.mlt.options import DEFAULT_MAX_MESSAGE_BYTES, MltOptions, MltStats
+from hostapps.mlt.options import MltOptions, MltStats
 from hostapps.mlt.pacing import RateControl
 from hostapps.mlt.receiver import Reassembly
 from hostapps.mlt.sender import fragments_to_resend, least_important_fragments
 from hostapps.mlt.transport import MltTransport
 from hostapps.mlt.wire import IP_UDP_HEADER_BYTES, missing_fragments, payload_for_mtu
 
-__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "IP_UDP_HEADER_BYTES", "MltOptions", "MltStats", "MltTransport", "RateControl",
-           "Reassembly", "fragments_to_resend", "least_important_fragments", "missing_fragments", "payload_for_mtu"]
+__all__ = ["IP_UDP_HEADER_BYTES", "MltOptions", "MltStats", "MltTransport", "RateControl", "Reassembly",
+           "fragments_to_resend", "least_important_fragments", "missing_fragments", "payload_for_mtu"]

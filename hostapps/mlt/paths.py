@@ -14,9 +14,8 @@ EPISODE_SPAN_S in all, begin one; ADAPT_S without one ends it): without congesti
 after a stray one only that port.  The sender avoids a congested port for about AVOID_S, and while it
 hears of clear ports (ADAPT_S since the last) it sends each datagram from a random one of the ports that
 went through since (until one is reported congested), or from a random port not avoided while it knows
-none.  (Exploring a sixteenth of the datagrams at random during an episode, tried, slowed the headline's
-all-reduce from 0.55 to 0.65 s: one datagram in 40 ms of queue delays its whole message.) Otherwise it
-sprays at random over every port, the most even spread a hash allows.
+none.  It sends none at random during an episode to explore: one datagram in a 40 ms queue delays its
+whole message.  Otherwise it sprays at random over every port, the most even spread a hash allows.
 
 Delay, not loss: a queue full of bulk TCP delays a datagram long before it drops one.  Overtaking, not
 delay: what every path shares (the sender's and the receiver's link, a switch thread that stalls, the
@@ -39,8 +38,8 @@ ADAPT_S = 3.0               # a congestion episode lasts this long from its last
 #                             iteration: a PS sends a worker one pull an iteration)
 EPISODE_STRIKES = 10        # congested datagrams, each within STRIKE_GAP_S of the last, begin an episode:
 STRIKE_GAP_S = 0.05         # a queue flags half a message's datagrams at once, a passing transient a few;
-EPISODE_SPAN_S = 0.02       # ... arriving over this at least: a stall's backlog arrives at once (12 ms, 9 flagged,
-#                             on the default spec's unloaded fabric; a queue's over 30-75 ms in the headline)
+EPISODE_SPAN_S = 0.02       # ... arriving over this at least: a host's backlog let go after a CPU stall arrives at
+#                             once (about ten flagged within 12 ms on an unloaded fabric), a queue's over tens of ms
 MAX_AVOIDED_SHARE = 7 / 8   # of the ports: when (nearly) every path queues, there is nothing to choose
 PICK_TRIES = 8              # random draws for a port not avoided, then any
 MAX_CLEAR_PORTS = 1024      # ports that went through, kept per peer to send from

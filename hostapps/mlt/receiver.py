@@ -1,20 +1,33 @@
 """The receiving end of mlt as a state machine: data and clock ticks in, replies and deliveries out.
 
 No sockets, threads or clock of its own.  The transport hands it each DATA datagram of a peer it
-trusts (our job, from that peer's host) and a tick every half quiet period, both with the time, and
+trusts (our job's tag, from that peer's host) and a tick every half quiet period, both with the time, and
 does what the returned actions say: send a Reply (an ACK, a NACK, a RATE advice) from its home
 socket, hand a Delivery (a message complete within its loss bound) to recv().  A message's bound is
 the stricter of ours and its sender's: every DATA datagram says how many bytes must arrive, all of
 them for an exact message (docs/mlt.md: exact messages).  Completion rule, NACKs and advice:
 docs/mlt.md.
 
-Memory stays bounded whatever arrives: a DATA frame may declare at most max_message_bytes, and one
-peer's incomplete messages are capped in number (MAX_INCOMPLETE_MESSAGES) and bytes (INCOMPLETE_BYTES,
-or two of the job's largest messages); a fragment beyond that is dropped like a lost one, and the
-sender's probe brings it back once older messages completed.
+What a header may say is checked against what the receiver knows of its job, never trusted to size
+anything: every message is cut into fragments of the job's payload (--mtu-payload, the same in every
+process), so a DATA datagram in other pieces is off the grid; it may declare at most max_message_bytes
+(the job's largest message); a message's size is fixed by its first datagram, and a later one of
+another size is off its grid (both counted as mismatched and dropped).  Its required bytes are the most
+any of its datagrams says, and at least one fragment of every message must arrive, so no datagram
+completes a message that is not there.  Memory stays bounded whatever arrives: one peer's incomplete
+messages are capped in number (MAX_INCOMPLETE_MESSAGES) and bytes (INCOMPLETE_BYTES, or two of the
+job's largest messages); a fragment beyond that is dropped like a lost one, and the sender's probe
+brings it back once older messages completed.
+
+A completed message is remembered (Completed) while its sender may still send any of it: a sender keeps
+a message until an ACK reaches it and gives up `timeout` after the last feedback it heard, so a message
+is forgotten once none of its iteration's datagrams came for that long (and REMEMBER_MARGIN_S more, the
+feedback's way back).  Until then a late duplicate or probe is re-ACKed; after, any datagram of a
+forgotten iteration is stale: counted and dropped, never delivered again nor NACKed.
 """
 import math
 from collections import Counter, OrderedDict
+from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -27,7 +40,9 @@ from hostapps.mlt.pacing import FLOOR_SHARE, LINK_SHARE
 from hostapps.transport import MessageKey, Peer
 
 ADVICE_INTERVAL_S = 0.01       # how often a receiver re-advises the senders of messages in flight
-COMPLETED_MEMORY = 4096        # completed messages remembered to re-ACK late duplicates
+REMEMBER_MARGIN_S = 1.0        # a completed message is remembered this long beyond its sender's timeout
+MAX_REMEMBERED = 1 << 16       # completed messages remembered per peer at most (about 10 MB), far beyond what
+#                                one iteration of a job sends a peer: beyond, its least recently heard iterations
 MAX_INCOMPLETE_MESSAGES = 1024
 INCOMPLETE_BYTES = 64 << 20
 
@@ -52,12 +67,9 @@ class Reassembly:
         self.last_nack = -math.inf
         self.saw_last = False  # the last fragment or a probe arrived: the sender's pass is over
 
-    def add(self, offset: int, total: int, fragment_bytes: int, payload: memoryview, now: float) -> bool:
-        """Place one fragment; False for a duplicate."""
-        if total != self.total or fragment_bytes != self.fragment_bytes:
-            raise codec.FrameError(f"fragment of a {total}-byte message in {fragment_bytes}-byte pieces, expected "
-                                   f"{self.total} in {self.fragment_bytes}")
-        index = offset // fragment_bytes
+    def add(self, offset: int, payload: memoryview, now: float) -> bool:
+        """Place one fragment of this message's grid; False for a duplicate."""
+        index = offset // self.fragment_bytes
         if self.received[index]:
             return False
         self.received[index] = True
@@ -106,6 +118,52 @@ class Reassembly:
         arrived.reshape(-1)[:] = received_bytes.reshape(-1, itemsize).all(axis=1)
 
 
+@dataclass(slots=True)
+class Done:
+    """A completed message: what a late duplicate or probe of it is answered with."""
+    total: int
+    delivered: int
+    last_ack: float
+
+
+class Completed:
+    """One peer's completed messages, by iteration, the least recently heard iteration first.  `horizon`: the
+    highest iteration forgotten; a message of it or an older one that is not remembered is stale."""
+
+    def __init__(self) -> None:
+        self.iterations: OrderedDict[int, dict[tuple[int, int], Done]] = OrderedDict()
+        self.heard: dict[int, float] = {}  # per iteration: when a datagram of one of its messages last came
+        self.count = 0
+        self.horizon = -1
+
+    def find(self, key: MessageKey) -> Done | None:
+        messages = self.iterations.get(key.iteration)
+        return None if messages is None else messages.get((key.tensor, key.step))
+
+    def hear(self, iteration: int, now: float) -> None:
+        self.iterations.move_to_end(iteration)
+        self.heard[iteration] = now
+
+    def add(self, key: MessageKey, done: Done, now: float) -> None:
+        messages = self.iterations.setdefault(key.iteration, {})
+        self.count += (key.tensor, key.step) not in messages
+        messages[(key.tensor, key.step)] = done
+        self.hear(key.iteration, now)
+        while self.count > MAX_REMEMBERED:
+            self._forget_first()
+
+    def forget(self, before: float) -> None:
+        """Forget the iterations heard of last before `before`."""
+        while self.iterations and self.heard[next(iter(self.iterations))] < before:
+            self._forget_first()
+
+    def _forget_first(self) -> None:
+        iteration, messages = self.iterations.popitem(last=False)
+        del self.heard[iteration]
+        self.count -= len(messages)
+        self.horizon = max(self.horizon, iteration)
+
+
 class Reply(NamedTuple):
     """A control datagram (ACK, NACK, RATE) for `peer`, to send from the home socket."""
     peer: Peer
@@ -125,13 +183,15 @@ Action = Reply | Delivery
 class Receiver:
     """Every incoming message of this process, from first fragment to delivery."""
 
-    def __init__(self, me: Peer, job: int, options: MltOptions, timeout: float, stats: MltStats):
-        self.me, self.job, self.timeout, self.stats = me, job, timeout, stats
+    def __init__(self, me: Peer, tag: int, options: MltOptions, timeout: float, stats: MltStats):
+        self.me, self.tag, self.timeout, self.stats = me, tag, timeout, stats
+        self.fragment_bytes = options.mtu_payload  # every process of the job cuts its messages so
         self.loss_bound, self.quiet_s = options.loss_bound, options.quiet_s
         self.link_mbps, self.max_message_bytes = options.link_mbps, options.max_message_bytes
-        self.tensor_dscp = options.tensor_dscp
+        self.layer_dscp = options.layer_dscp
         self.incoming: dict[tuple[Peer, MessageKey], Reassembly] = {}
-        self._completed: OrderedDict[tuple[Peer, MessageKey], list[float]] = OrderedDict()  # [delivered, last ACK]
+        self._completed: dict[Peer, Completed] = {}
+        self._remember_s = timeout + REMEMBER_MARGIN_S  # every process of a job has the same timeout
         self._in_flight: dict[Peer, Counter[int]] = {}  # each peer's incomplete messages by service rank
         self._advised: dict[Peer, int] = {}  # the share we last advised each peer
         self._shares: dict[Peer, int] | None = None  # _shares_kbps() until the in-flight classes change
@@ -143,38 +203,41 @@ class Receiver:
     def on_data(self, peer: Peer, datagram: codec.Datagram, now: float) -> Sequence[Action]:
         """A DATA datagram from `peer`."""
         frame = datagram.frame
+        total = frame.total
+        if total > self.max_message_bytes:
+            self.stats.oversized += 1
+            return ()
+        if datagram.fragment_bytes != self.fragment_bytes:  # off the job's grid
+            self.stats.mismatched += 1
+            return ()
         key = MessageKey(frame.iteration, frame.tensor, frame.step)
         ident = (peer, key)
         probe = wire.is_probe(frame)
         reassembly = self.incoming.get(ident)
         advice: Sequence[Action] = ()
         if reassembly is None:
-            done = self._completed.get(ident)
-            if done is not None:  # a late duplicate or a probe: our ACK may have been lost
-                self.stats.duplicates += not probe
-                if now - done[1] < self.quiet_s:
+            if (completed := self._completed.get(peer)) is not None:
+                if (done := completed.find(key)) is not None:
+                    return self._late(peer, key, completed, done, datagram, now)
+                if key.iteration <= completed.horizon:
+                    self.stats.stale += 1
                     return ()
-                done[1] = now
-                return [Reply(peer, wire.feedback(self.me, self.job, key, codec.KIND_ACK, frame.total,
-                                                  datagram.fragment_bytes, int(done[0])))]
-            if frame.total > self.max_message_bytes:
-                self.stats.oversized += 1
-                return ()
-            footprint = reassembly_bytes(frame.total, datagram.fragment_bytes)
+            footprint = reassembly_bytes(total, self.fragment_bytes)
             if (self._held_messages[peer] >= MAX_INCOMPLETE_MESSAGES
                     or self._held_bytes[peer] + footprint > self._held_budget):
                 self.stats.over_budget += 1
                 return ()
-            reassembly = self.incoming[ident] = Reassembly(frame.total, datagram.fragment_bytes, now,
-                                                           datagram.delivered)
+            reassembly = self.incoming[ident] = Reassembly(total, self.fragment_bytes, now)
             self._held_messages[peer] += 1
             self._held_bytes[peer] += footprint
             if self._count_in_flight(peer, key, reassembly, +1):
                 advice = self._advice(now, changed_only=True)
+        elif total != reassembly.total:  # off the grid its first datagram set
+            self.stats.mismatched += 1
+            return ()
+        if datagram.delivered > reassembly.required:  # its sender says the same in every datagram: a forged one
+            reassembly.required = datagram.delivered  # may only ask for more
         if probe:
-            if (frame.total, datagram.fragment_bytes) != (reassembly.total, reassembly.fragment_bytes):
-                self.stats.mismatched += 1
-                return advice
             # The sender's pass is over and it heard nothing for its RTO: complete or NACK the message now
             # (every fragment, if none came), not a quiet period later.
             reassembly.saw_last = True
@@ -183,23 +246,42 @@ class Receiver:
         placed = self._place(peer, key, reassembly, datagram, now)
         return [*advice, *placed] if advice else placed
 
-    def _place(self, peer: Peer, key: MessageKey, reassembly: Reassembly, datagram: codec.Datagram,
-               now: float) -> Sequence[Action]:
-        frame = datagram.frame
-        try:
-            added = reassembly.add(frame.offset, frame.total, datagram.fragment_bytes, datagram.payload, now)
-        except codec.FrameError:
+    def _late(self, peer: Peer, key: MessageKey, completed: Completed, done: Done, datagram: codec.Datagram,
+              now: float) -> Sequence[Action]:
+        """A datagram of a completed message, a late duplicate or a probe: our ACK may have been lost, so it is
+        ACKed again, at most once per quiet period."""
+        if datagram.frame.total != done.total:
             self.stats.mismatched += 1
             return ()
-        if not added:
+        completed.hear(key.iteration, now)
+        if wire.is_probe(datagram.frame):
+            self.stats.late_probes += 1
+        else:
+            self.stats.duplicates += 1
+        if now - done.last_ack < self.quiet_s:
+            return ()
+        done.last_ack = now
+        return [Reply(peer, wire.feedback(self.me, self.tag, key, codec.KIND_ACK, done.total, self.fragment_bytes,
+                                          done.delivered))]
+
+    def remembered(self) -> int:
+        """How many completed messages are remembered, of every peer."""
+        return sum(completed.count for completed in self._completed.values())
+
+    def _place(self, peer: Peer, key: MessageKey, reassembly: Reassembly, datagram: codec.Datagram,
+               now: float) -> Sequence[Action]:
+        if not reassembly.add(datagram.frame.offset, datagram.payload, now):
             self.stats.duplicates += 1
         elif reassembly.delivered == reassembly.total:
             return self._complete(peer, key, reassembly, now)
         return ()
 
     def tick(self, now: float) -> list[Action]:
-        """Timers: advise senders; complete or NACK quiet messages; forget stale ones."""
+        """Timers: advise senders; complete or NACK quiet messages; forget stale ones, and the completed ones
+        whose senders gave up on them."""
         actions: list[Action] = self._advice(now) if now >= self._next_advice else []
+        for completed in self._completed.values():
+            completed.forget(now - self._remember_s)
         for (peer, key), reassembly in list(self.incoming.items()):
             if now - reassembly.last_arrival > self.timeout:  # a stray fragment of a long-forgotten message
                 actions += self._release(peer, key, now)
@@ -229,7 +311,7 @@ class Receiver:
         if ranks is None:
             ranks = self._in_flight[peer] = Counter()
         before = min(ranks) if ranks else None
-        rank = service_rank(self.tensor_dscp.get(key.tensor, 0))
+        rank = service_rank(self.layer_dscp.get(key.tensor, 0))
         ranks[rank] += change
         if not ranks[rank]:
             del ranks[rank]
@@ -245,8 +327,8 @@ class Receiver:
 
         A parameter server's shard splits it evenly whatever the classes: it aggregates a slice only once every
         worker's piece is in, so one worker's more important layer ahead of another's less important one
-        completes no slice sooner, and each class change re-advised every pusher (an RTT of rates out of step
-        each time: the headline's PS full stack took 1.10-1.12 s an iteration by class, 1.06-1.08 s evenly)."""
+        completes no slice sooner, and by class each class change would re-advise every pusher, their rates
+        out of step for a round trip each time."""
         if self._shares is None:  # asked for every ACK and NACK: computed once per change of the classes
             self._shares = self._compute_shares()
         return self._shares
@@ -273,12 +355,12 @@ class Receiver:
         else:
             self._next_advice = now + ADVICE_INTERVAL_S
         self._advised.update(shares)
-        return [Reply(peer, wire.control(self.me, self.job, codec.KIND_RATE, advised_kbps=share))
+        return [Reply(peer, wire.control(self.me, self.tag, codec.KIND_RATE, advised_kbps=share))
                 for peer, share in shares.items()]
 
     def _feedback(self, peer: Peer, key: MessageKey, reassembly: Reassembly, kind: int, now: float) -> Reply:
         return Reply(peer, wire.feedback(
-            self.me, self.job, key, kind, reassembly.total, reassembly.fragment_bytes, reassembly.delivered,
+            self.me, self.tag, key, kind, reassembly.total, reassembly.fragment_bytes, reassembly.delivered,
             self._shares_kbps().get(peer, 0),
             reassembly.missing_bitmap() if kind == codec.KIND_NACK else b""))
 
@@ -294,7 +376,6 @@ class Receiver:
 
     def _complete(self, peer: Peer, key: MessageKey, reassembly: Reassembly, now: float) -> list[Action]:
         advice = self._release(peer, key, now)
-        self._completed[(peer, key)] = [reassembly.delivered, now]
-        if len(self._completed) > COMPLETED_MEMORY:
-            self._completed.popitem(last=False)
+        completed = self._completed.get(peer) or self._completed.setdefault(peer, Completed())
+        completed.add(key, Done(reassembly.total, reassembly.delivered, now), now)
         return [self._feedback(peer, key, reassembly, codec.KIND_ACK, now), Delivery(peer, key, reassembly), *advice]

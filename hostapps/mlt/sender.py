@@ -11,9 +11,9 @@ First passes share the host's link whole message by whole message, as a NIC's FI
 datagram by datagram (has_turn): the most important class first, then the oldest iteration, then
 the peer already sent the most of it, then the message with the fewest bytes left (SRPT, as Homa's
 sender), then the oldest; a message may go beside those ahead of it only while their peers' rates
-leave some of the link free.  Interleaving them evenly made a PS finish every worker's pull at the
-same moment, so no worker's next pushes could overlap the others' pulls (the overlap TCP's unfair
-sharing gives).
+leave some of the link free.  Interleaved evenly, a PS would finish every worker's pull at the same
+moment, so no worker's next pushes could overlap the others' pulls (the overlap TCP's unfair sharing
+gives).
 
 A message is kept until its receiver ACKs it.  It either tolerates loss (a gradient on its way to
 be reduced) or is exact (what every replica must agree on: all-gathered sums, pulled parameters,
@@ -146,10 +146,10 @@ class Failure(NamedTuple):
 class Sender:
     """Every outgoing message of this process, from submission to its ACK."""
 
-    def __init__(self, me: Peer, job: int, options: MltOptions, timeout: float, stats: MltStats):
-        self.me, self.job, self.timeout, self.stats = me, job, timeout, stats
+    def __init__(self, me: Peer, tag: int, options: MltOptions, timeout: float, stats: MltStats):
+        self.me, self.tag, self.timeout, self.stats = me, tag, timeout, stats
         self.fragment_bytes, self.loss_bound = options.mtu_payload, options.loss_bound
-        self.drop_marking, self.tensor_dscp = options.drop_marking, options.tensor_dscp
+        self.drop_marking, self.layer_dscp = options.drop_marking, options.layer_dscp
         self.pacer = HostPacer(options.link_mbps * 1e6 / 8)
         self.outgoing: dict[tuple[Peer, MessageKey], Outgoing] = {}
         self._passes: dict[Peer, deque[Pass]] = {}  # only peers with a pass waiting
@@ -196,7 +196,7 @@ class Sender:
         """A message to send: kept until ACKed; its first pass is handed out by first_datagram.  It may arrive
         short by its allowance (Sender.allowance); with none it arrives whole."""
         message = Outgoing(peer, key, payload, marked, payload.size - allowance,
-                           self.tensor_dscp.get(key.tensor, self._dscp.get(peer, 0)),
+                           self.layer_dscp.get(key.tensor, self._dscp.get(peer, 0)),
                            max(1, wire.fragment_count(payload.size, self.fragment_bytes)))
         self.outgoing[(peer, key)] = message
         self._first_passes.append(message)
@@ -228,8 +228,8 @@ class Sender:
 
         A parameter server's shard puts that peer before the class: a worker goes on only once it has every
         layer, the least important one included.  By class first, a back layer aggregated last (one worker's
-        gradient for it went out late) waited behind the next workers' front layers for every worker, which
-        all restarted together 0.15-0.57 s late (12 of the headline's 57 PS intervals of the full stack)."""
+        gradient for it went out late) would wait behind the next workers' front layers for every worker,
+        and they would all restart together, late."""
         iteration, served = self._served.get(message.peer, (None, 0))
         rank, peer_first = service_rank(message.dscp), -served if iteration == message.key.iteration else 0
         left = message.fragments - message.handed_out
@@ -292,7 +292,7 @@ class Sender:
 
     def _emission(self, message: Outgoing, index: int, length: int, at: float, first: bool, ends: bool) -> Emission:
         offset = index * self.fragment_bytes
-        frame = wire.data_frame(self.me, self.job, message.key, offset, length, message.payload.size)
+        frame = wire.data_frame(self.me, self.tag, message.key, offset, length, message.payload.size)
         header = bytearray(codec.encode_datagram_header(frame, 0, self.fragment_bytes, message.required))
         lower = first and message.marked is not None and bool(message.marked[index])
         return Emission(message.peer, frame, header, message.view[offset:offset + length],

@@ -5,8 +5,8 @@ control datagrams (ACK/NACK, RATE, PATHS, HELLO/BYE/ABORT) all arrive, and a poo
 source sockets: every data datagram leaves from one drawn at random (away from the ports its receiver
 reported congested: hostapps.mlt.paths), stamped with its send time, its DSCP set per datagram (IP_TOS
 ancillary data), so a fabric that hashes the UDP 5-tuple sprays a message over every path.  A leaf's
-split over its spines is a sample of that hash over the source ports: with 128 ports one side took
-about 7% more than the mean, with 1024 about 2.5% (|a - b| / (a + b) ~ sqrt(2 / (pi n))).  On a
+split over its spines is a sample of that hash over the source ports: its two sides differ by about
+sqrt(2 / (pi n)) of the bytes for n ports, 7% for 128, 2.5% for 1024 (the default).  On a
 per-flow fabric (the runner gives --sport-range 1 unless the spec's lb is spray) the one source socket
 binds --source-port: the datagrams to each peer are one flow, which ECMP places as it places a TCP flow.
 
@@ -19,9 +19,9 @@ binds --source-port: the datagrams to each peer are one flow, which ECMP places 
   when the pass has left.  A send thread sends every peer's resends and probes the same way.  The
   Sender is the one place that paces and orders: the threads only wait and send.
 
-One thread sending the first passes too (tried) halved the pacing sleeps, but each message then had
-to wake its caller, and the link idled whenever that one thread waited for the GIL: on loopback a
-3-worker PS iteration took 8-12% longer, for 4-11% less CPU per datagram.
+First passes leave from their callers' threads, not from the send thread: one thread sending them all
+would sleep less for pacing, but would have to wake each caller once its message is out, and would
+leave the link idle whenever it waits for the GIL.
 
 A failure while handling one datagram is a bug: counted (internal_errors, in summary.json) and
 reported once, but the loops go on.
@@ -48,7 +48,7 @@ from hostapps.mlt.receiver import Action, Delivery, Reassembly, Receiver, Reply
 from hostapps.mlt.sender import Emission, Sender
 from hostapps.timing import sleep_for
 from hostapps.transport import (Address, Mailbox, MessageKey, Peer, TensorLog, Transport, TransportError,
-                                describe_key, format_address)
+                                describe_key, format_address, too_large)
 
 HELLO_INTERVAL_S = 0.05
 TURN_WAIT_S = 0.01  # a first pass waiting its turn looks again this often at the latest (a rate changed)
@@ -93,16 +93,18 @@ TOS_ANCILLARY = [[(socket.IPPROTO_IP, socket.IP_TOS, bytes([dscp << 2]))] for ds
 class MltTransport(Transport):
     """UDP datagrams sprayed over source ports, with ACK/NACK recovery up to a loss bound."""
 
-    def __init__(self, me: Peer, listen: Address, job: int, timeout: float, log: TensorLog | None = None,
-                 options: MltOptions | None = None, drop: DropFunction | None = None):
-        self.me, self.listen_address, self.job, self.timeout = me, listen, job, timeout
-        self.options = options or MltOptions()
+    def __init__(self, me: Peer, listen: Address, tag: int, timeout: float, options: MltOptions,
+                 log: TensorLog | None = None, drop: DropFunction | None = None):
+        self.me, self.listen_address, self.tag, self.timeout = me, listen, tag, timeout
+        self.options = options
+        self._tick_s = options.quiet_s / 2  # the machines' timers run this often
+        self._adaptive_spray = options.adaptive_spray
         self.stats = MltStats()
         self._log, self._drop = log, drop
-        self._peers = Peers(job)
+        self._peers = Peers(tag)
         self.mailbox = Mailbox(self._peers.names)
-        self._receiver = Receiver(me, job, self.options, timeout, self.stats)  # the receive loop's alone
-        self._sender = Sender(me, job, self.options, timeout, self.stats)
+        self._receiver = Receiver(me, tag, self.options, timeout, self.stats)  # the receive loop's alone
+        self._sender = Sender(me, tag, self.options, timeout, self.stats)
         # _lock guards what several threads share: the Sender and the peers' life cycle.  The send thread
         # waits on _work (a resend or probe queued); connect() and close() on _progress (a HELLO, an ACK, a BYE);
         # send() on _turn (a first pass ended, or a rate changed) when its message must let others go first.
@@ -126,7 +128,7 @@ class MltTransport(Transport):
         except OSError as e:
             self._home.close()
             raise TransportError(f"{me} cannot listen on {format_address(listen)}: {e.strerror or e}")
-        self._home.settimeout(max(0.001, self.options.quiet_s / 2))
+        self._home.settimeout(max(0.001, self._tick_s))
         self._threads = [threading.Thread(target=self._receive_loop, daemon=True, name=f"mlt-recv-{me}"),
                          threading.Thread(target=self._send_loop, daemon=True, name=f"mlt-send-{me}")]
         for thread in self._threads:
@@ -152,6 +154,8 @@ class MltTransport(Transport):
         deadline = time.monotonic() + self.timeout
         with self._lock:
             while missing := set(peers) - self._peers.heard:
+                if failed := sorted(missing & self._peers.gone.keys()):
+                    raise TransportError(f"{self._peers.names[failed[0]]} {self._peers.gone[failed[0]]}")
                 if time.monotonic() >= deadline:
                     raise TransportError(f"{', '.join(self._peers.names[p] for p in sorted(missing))} never answered "
                                          f"within {self.timeout:.1f} s")
@@ -239,9 +243,8 @@ class MltTransport(Transport):
         if peer not in self._peers.addresses:  # a caller's bug: fail the call, not the send thread that would meet it
             raise TransportError(f"{peer} is not a peer of {self.me}")
         self._check_peer(peer)
-        if array.nbytes > self.options.max_message_bytes:  # the receiver would drop it: a bug in computing the cap
-            raise TransportError(f"{describe_key(key)} for {self._peers.names[peer]} has {array.nbytes} bytes, more "
-                                 f"than the job's largest message ({self.options.max_message_bytes} bytes)")
+        if array.nbytes > self.options.max_message_bytes:
+            raise too_large(key, self._peers.names[peer], array.nbytes, self.options.max_message_bytes)
         values = np.ascontiguousarray(array)
         payload = values.reshape(-1).view(np.uint8).copy()
         with self._lock:
@@ -344,7 +347,7 @@ class MltTransport(Transport):
             return self._sources
 
     def _control(self, peer: Peer, kind: int, step: int = 0) -> None:
-        self._send_control(peer, wire.control(self.me, self.job, kind, step))
+        self._send_control(peer, wire.control(self.me, self.tag, kind, step, fragment_bytes=self.options.mtu_payload))
 
     def _send_control(self, peer: Peer, datagram: bytes) -> None:
         try:
@@ -382,7 +385,7 @@ class MltTransport(Transport):
                     self._on_bytes(view[:n], host, port, now)
                 if now >= next_tick:
                     self._tick(now)
-                    next_tick = now + self.options.quiet_s / 2
+                    next_tick = now + self._tick_s
         except BaseException as e:  # a bug in the timers must fail the job, not look like a silent peer
             if not self._stopped.is_set():
                 for peer in self._peers.addresses:
@@ -412,8 +415,8 @@ class MltTransport(Transport):
                 if self._sender.advise(peer, datagram.advised_kbps * 125):
                     self._turn.notify_all()
         if frame.kind == codec.KIND_DATA:
-            if datagram.sent_us and self.options.adaptive_spray:  # unstamped: lower-effort, queued apart
-                self._monitor.observe(peer, port, datagram.sent_us, now, self.options.tensor_dscp.get(frame.tensor, 0))
+            if datagram.sent_us and self._adaptive_spray:  # unstamped: lower-effort, queued apart
+                self._monitor.observe(peer, port, datagram.sent_us, now, self.options.layer_dscp.get(frame.tensor, 0))
             self._on_data(peer, datagram, now)
         elif frame.kind in (codec.KIND_ACK, codec.KIND_NACK):
             with self._lock:
@@ -421,6 +424,13 @@ class MltTransport(Transport):
                 self._wake_sender()
                 self._progress.notify_all()
         elif frame.kind == codec.KIND_HELLO:
+            if datagram.fragment_bytes != self.options.mtu_payload:  # its DATA would be off our grid
+                if frame.step == 0:  # our answer tells it ours: it fails as clearly
+                    self._control(peer, codec.KIND_HELLO, step=1)
+                self._fail_peer(peer, f"cuts messages into {datagram.fragment_bytes}-byte fragments, {self.me} into "
+                                      f"{self.options.mtu_payload}: every process of a job needs the same "
+                                      "--mtu-payload")
+                return
             with self._lock:
                 self._peers.heard.add(peer)
                 self._progress.notify_all()
@@ -452,7 +462,7 @@ class MltTransport(Transport):
         """The timers of both machines, and the path monitor's reports."""
         self._act(self._receiver.tick(now))
         for peer, report in self._monitor.report(now).items():
-            self._send_control(peer, wire.paths(self.me, self.job, report))
+            self._send_control(peer, wire.paths(self.me, self.tag, report))
         with self._lock:
             failures = self._sender.tick(now)
             self._wake_sender()

@@ -35,8 +35,12 @@ def allowed_missing_bytes(total: int, loss_bound: float) -> int:
 
 def most_missing_bytes(total: int, loss_bound: float, fragment_bytes: int) -> int:
     """The most bytes a message may miss: its own share of the bound and, the bound being counted over
-    its tensor (Sender.allowance), less than a fragment its tensor's earlier messages left unspent."""
-    return allowed_missing_bytes(total, loss_bound) + fragment_bytes - 1 if loss_bound > 0 else 0
+    its tensor (Sender.allowance), less than a fragment its tensor's earlier messages left unspent; but
+    never its every fragment, as Sender.allowance never allows (one always arrives)."""
+    if loss_bound <= 0:
+        return 0
+    return min(allowed_missing_bytes(total, loss_bound) + fragment_bytes - 1,
+               (max(1, fragment_count(total, fragment_bytes)) - 1) * fragment_bytes)
 
 
 def wire_bytes(payload_bytes: int) -> int:
@@ -44,8 +48,8 @@ def wire_bytes(payload_bytes: int) -> int:
     return payload_bytes + codec.DATAGRAM_HEADER_BYTES + FRAME_OVERHEAD
 
 
-def data_frame(me: Peer, job: int, key: MessageKey, offset: int, length: int, total: int) -> codec.Frame:
-    return codec.Frame(codec.KIND_DATA, me.role, me.rank, key.step, job, key.iteration, key.tensor, offset, length,
+def data_frame(me: Peer, tag: int, key: MessageKey, offset: int, length: int, total: int) -> codec.Frame:
+    return codec.Frame(codec.KIND_DATA, me.role, me.rank, key.step, tag, key.iteration, key.tensor, offset, length,
                        total)
 
 
@@ -55,24 +59,25 @@ def is_probe(frame: codec.Frame) -> bool:
     return frame.kind == codec.KIND_DATA and frame.length == 0 and frame.total > 0
 
 
-def control(me: Peer, job: int, kind: int, step: int = 0, advised_kbps: int = 0) -> bytes:
-    """A HELLO, BYE, ABORT or RATE datagram (step 1 answers a HELLO or a BYE)."""
-    frame = codec.Frame(kind, me.role, me.rank, step, job, 0, 0, 0, 0, 0)
-    return codec.encode_datagram_header(frame, 0, 0, 0, advised_kbps)
+def control(me: Peer, tag: int, kind: int, step: int = 0, advised_kbps: int = 0, fragment_bytes: int = 0) -> bytes:
+    """A HELLO, BYE, ABORT or RATE datagram (step 1 answers a HELLO or a BYE); a HELLO says the fragment size
+    its sender cuts messages into."""
+    frame = codec.Frame(kind, me.role, me.rank, step, tag, 0, 0, 0, 0, 0)
+    return codec.encode_datagram_header(frame, 0, fragment_bytes, 0, advised_kbps)
 
 
-def feedback(me: Peer, job: int, key: MessageKey, kind: int, total: int, fragment_bytes: int, delivered: int,
+def feedback(me: Peer, tag: int, key: MessageKey, kind: int, total: int, fragment_bytes: int, delivered: int,
              advised_kbps: int = 0, bitmap: bytes = b"") -> bytes:
     """An ACK, or a NACK with the bitmap of the missing fragments, of message `key`."""
-    frame = codec.Frame(kind, me.role, me.rank, key.step, job, key.iteration, key.tensor, 0, len(bitmap), total)
+    frame = codec.Frame(kind, me.role, me.rank, key.step, tag, key.iteration, key.tensor, 0, len(bitmap), total)
     return codec.encode_datagram_header(frame, 0, fragment_bytes, delivered, advised_kbps) + bitmap
 
 
-def paths(me: Peer, job: int, report: PathReport) -> bytes:
+def paths(me: Peer, tag: int, report: PathReport) -> bytes:
     """A PATHS frame: the source ports of the peer's datagrams that queued, then those that went through;
     `step` says how many queued (hostapps.mlt.paths)."""
     payload = np.array([*report.congested, *report.clear], dtype=PORT).tobytes()
-    frame = codec.Frame(codec.KIND_PATHS, me.role, me.rank, len(report.congested), job, 0, 0, 0, len(payload),
+    frame = codec.Frame(codec.KIND_PATHS, me.role, me.rank, len(report.congested), tag, 0, 0, 0, len(payload),
                         len(payload))
     return codec.encode_datagram_header(frame, 0, 0) + payload
 

@@ -10,6 +10,10 @@ from hostapps.server import run_server
 from hostapps.transport import TcpTransport
 from hostapps.worker import run_worker
 
+# mlt on loopback, which has no link rate: paced at 10 Gbit/s, not at the default 100 Mbit/s, and in
+# 1400-byte fragments (as at MTU 1500), so that the tests' small messages are many datagrams.
+LOOPBACK_MLT = dict(link_mbps=10000, mtu_payload=1400)
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -37,7 +41,7 @@ def run_threads(targets):
 
 
 def connect_mesh(peers, addresses, timeout=5.0, make=TcpTransport):
-    """Fully connected transports made by make(peer, address, job, timeout): the lower index dials."""
+    """Fully connected transports made by make(peer, address, tag, timeout): the lower index dials."""
     transports = [make(p, a, 0, timeout) for p, a in zip(peers, addresses)]
 
     def connect(i):

@@ -40,7 +40,7 @@ def test_corrupted_header_is_rejected_or_decodes_consistently(frame, position, f
 
 def _header(**changes):
     fields = dict(magic=codec.MAGIC, version=codec.VERSION, kind=codec.KIND_DATA, role=0, rank=0, step=0,
-                  job=0, iteration=0, tensor=0, offset=0, length=4, total=4)
+                  tag=0, iteration=0, tensor=0, offset=0, length=4, total=4)
     fields.update(changes)
     return codec.HEADER.pack(*fields.values())
 

@@ -2,6 +2,7 @@
 import random
 import socket
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -11,14 +12,14 @@ from hostapps import codec
 from hostapps.collectives import (GATHER, PS_PULL, PS_PUSH, REDUCE, Segment, chunk_bounds, max_segments,
                                   pipelined_ring_allreduce, ps_phase, ring_allreduce, ring_neighbours, ring_phase,
                                   ring_step_count, segment_bounds)
-from hostapps.assembly import peers_to_connect
+from hostapps.assembly import mlt_options, peers_to_connect
 from hostapps.config import Model, ProcessConfig, build_model
-from hostapps.mlt import MltOptions, MltTransport
+from hostapps.mlt import MltTransport
 from hostapps.records import Recorder
 from hostapps.server import ParameterShard
 from hostapps.transport import MessageKey, Peer, TcpTransport, TransportError
 
-from helpers.loopback import connect_mesh, free_port, run_threads
+from helpers.loopback import LOOPBACK_MLT, connect_mesh, free_port, run_threads
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -81,7 +82,8 @@ def ps_iteration(addresses, gradients, make=TcpTransport):
 
 
 def test_pipeline_segments_fill_whole_datagrams_in_every_ring_chunk():
-    # The headline's first bucket: 267786 elements, 5 ranks, 2227-element (8908-byte) datagrams, 192 KB segments
+    # A ResNet-50 profile's first bucket: 267786 elements, 5 ranks, 2227-element (8908-byte) datagrams, 192 KB
+    # segments
     bounds = segment_bounds(267786, 49152, 5, 2227)
     assert [hi - lo for lo, hi in bounds] == [44540] * 5 + [44540 + 546]  # 4 datagrams a chunk; the rest folded in
     for lo, hi in bounds[:-1]:
@@ -148,9 +150,9 @@ def test_tcp_dials_from_the_source_port_it_is_given_and_again_while_the_last_lin
 
 
 def test_peers_are_dialed_in_rank_order_in_every_process():
-    # A set of ring neighbours iterates in an order that changes with the process's string hashing:
-    # worker 0 dialed worker 1 or worker 4 first by chance, each from the other source port (the
-    # headline's rep 3 placed its all-reduce's h6-h1 flow on either spine).
+    # A set of ring neighbours iterates in an order that changes with the process's string hashing: worker 0
+    # would dial worker 1 or worker 4 first by chance, each from the other source port, and per-flow ECMP
+    # would place the same flow on another spine from run to run.
     workers = [("10.0.0.1", 7000 + r) for r in range(5)]
     dial, accept = peers_to_connect(ProcessConfig(role="worker", rank=0, workers=workers))
     assert (list(dial), accept) == ([Peer("worker", 1), Peer("worker", 4)], {})
@@ -181,6 +183,49 @@ def test_garbled_hello_is_refused_and_the_missing_peer_named(loopback_addresses,
     transport.abort()
 
 
+def test_a_silent_connection_holds_up_no_peer(loopback_addresses):
+    """Connections that send nothing, or half a HELLO, wait beside the real peers, not in front of them."""
+    dialer, acceptor = loopback_addresses(2)
+    server = TcpTransport(Peer("server", 0), acceptor, 0, 3.0)
+    worker = TcpTransport(Peer("worker", 0), dialer, 0, 3.0)
+    hello = codec.encode_header(codec.Frame(codec.KIND_HELLO, "worker", 0, 0, 0, 0, 0, 0, 0, 0))
+    silent = socket.create_connection(acceptor)
+    slow = socket.create_connection(acceptor)
+    slow.sendall(hello[:10])
+    started = time.monotonic()
+    try:
+        run_threads([lambda: worker.connect({Peer("server", 0): acceptor}, {}),
+                     lambda: server.connect({}, {Peer("worker", 0): dialer})])
+        assert time.monotonic() - started < 1.0
+        worker.send(Peer("server", 0), MessageKey(0, 0, 0), np.arange(4, dtype=np.float32))
+        out = np.empty(4, dtype=np.float32)
+        assert server.recv(Peer("worker", 0), MessageKey(0, 0, 0), out) == 1.0 and list(out) == [0, 1, 2, 3]
+    finally:
+        silent.close()
+        slow.close()
+        run_threads([worker.close, server.close])
+
+
+def test_tcp_refuses_a_message_beyond_the_jobs_largest_at_either_end(loopback_addresses):
+    me, peer = Peer("server", 0), Peer("worker", 0)
+    address, _ = loopback_addresses(2)
+    transport = TcpTransport(me, address, 0, 3.0, max_message_bytes=4000)
+    raw = socket.create_connection(address)
+    raw.sendall(codec.encode_header(codec.Frame(codec.KIND_HELLO, "worker", 0, 0, 0, 0, 0, 0, 0, 0)))
+    transport.connect({}, {peer: ("127.0.0.1", 1)})
+    with pytest.raises(TransportError, match="has 4004 bytes, more than the job's largest message"):
+        transport.send(peer, MessageKey(0, 0, 0), np.zeros(1001, dtype=np.float32))
+    # A header declaring 1 GiB: refused as it arrives, not allocated and waited for.
+    raw.sendall(codec.encode_header(codec.Frame(codec.KIND_DATA, "worker", 0, 0, 0, 0, 0, 0, 1 << 30, 1 << 30)))
+    started = time.monotonic()
+    with pytest.raises(TransportError, match=r"sent a malformed frame \(a message of 1073741824 bytes, more than "
+                                             r"the job's largest \(4000 bytes\)\)"):
+        transport.recv(peer, MessageKey(0, 0, 0), out=np.empty(1000, dtype=np.float32))
+    assert time.monotonic() - started < 1.0
+    raw.close()
+    transport.close()
+
+
 # --- under loss: the reduce phase tolerates it, the gather phase is exact
 
 class LossyMlt:
@@ -188,15 +233,15 @@ class LossyMlt:
     fraction as (receiver, key, direction, fraction, bytes)."""
 
     def __init__(self, drop, **options):
-        self.drop, self.options = drop, MltOptions(link_mbps=10000, **options)
+        self.drop, self.options = drop, mlt_options(**{**LOOPBACK_MLT, **options})
         self.messages: list[tuple[Peer, MessageKey, str, float, int]] = []
         self.lock = threading.Lock()
 
-    def __call__(self, me: Peer, address, job: int, timeout: float) -> MltTransport:
+    def __call__(self, me: Peer, address, tag: int, timeout: float) -> MltTransport:
         def log(iteration, tensor, step, nbytes, direction, peer, start, end, fraction):
             with self.lock:
                 self.messages.append((me, MessageKey(iteration, tensor, step), direction, fraction, nbytes))
-        return MltTransport(me, address, job, timeout, log, self.options, drop=lambda frame: self.drop(me, frame))
+        return MltTransport(me, address, tag, timeout, self.options, log, drop=lambda frame: self.drop(me, frame))
 
     def received(self, phase_of) -> dict[str, list[float]]:
         """The delivered fractions of the received messages, by phase."""

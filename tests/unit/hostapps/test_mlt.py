@@ -13,13 +13,14 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hostapps import assembly, codec
+from hostapps.assembly import mlt_options
 from hostapps.collectives import ring_phase
 from hostapps.config import Model, ProcessConfig, build_model
 from hostapps.mlt import (MltOptions, MltTransport, RateControl, Reassembly, fragments_to_resend,
                           least_important_fragments, missing_fragments)
 from hostapps.mlt import pacing, receiver as mlt_receiver, sender as mlt_sender, wire
 from hostapps.transport import MessageKey, Peer, TransportError
-from helpers.loopback import run_job
+from helpers.loopback import LOOPBACK_MLT, run_job
 
 KEY = MessageKey(3, 1, 0)
 SENDER, RECEIVER = Peer("worker", 0), Peer("worker", 1)
@@ -39,7 +40,7 @@ def test_reassembly_under_reordering_duplication_and_loss(message, size, rng, lo
     rng.shuffle(arrivals)
     reassembly = Reassembly(len(message), size, now=0.0)
     for offset, payload in arrivals:
-        reassembly.add(offset, len(message), size, memoryview(payload), now=0.0)
+        reassembly.add(offset, memoryview(payload), now=0.0)
     expected = bytearray(len(message))  # lost fragments read as zero
     for offset, payload in kept:
         expected[offset:offset + len(payload)] = payload
@@ -55,7 +56,7 @@ def reassembled(total: int, size: int, lost_fragments: set[int], now: float = 0.
     reassembly = Reassembly(total, size, now)
     for offset, payload in fragments_of(message[:total], size):
         if offset // size not in lost_fragments:
-            reassembly.add(offset, total, size, memoryview(payload), now)
+            reassembly.add(offset, memoryview(payload), now)
     return reassembly
 
 
@@ -82,14 +83,14 @@ def test_loss_bound_decision_at_the_boundary():
     # however long the quiet; its probe says when the pass is over.
     no_last = reassembled(2001, 100, {4, 20})
     assert no_last.within_bound(0.1) and no_last.due(now=10.0, loss_bound=0.1, quiet_s=0.005) is None
-    no_last.add(2000, 2001, 100, memoryview(b"x"), now=0.001)
+    no_last.add(2000, memoryview(b"x"), now=0.001)
     assert no_last.due(now=0.006, loss_bound=0.1, quiet_s=0.005) == "complete"
 
 
 def test_quiet_period_stretches_for_a_slowly_paced_message():
     reassembly = Reassembly(4000, 1000, now=0.0)
     for i, offset in enumerate((0, 1000, 3000)):
-        reassembly.add(offset, 4000, 1000, memoryview(bytes(1000)), now=0.01 * i)
+        reassembly.add(offset, memoryview(bytes(1000)), now=0.01 * i)
     assert reassembly.quiet_period(0.005) == pytest.approx(0.04)
     assert reassembly.due(now=0.05, loss_bound=0.3, quiet_s=0.005) is None
     assert reassembly.due(now=0.061, loss_bound=0.3, quiet_s=0.005) == "complete"
@@ -100,7 +101,7 @@ def test_lost_bytes_read_zero_and_only_whole_elements_count_as_arrived():
     reassembly = Reassembly(values.nbytes, 102, now=0.0)
     for offset, payload in fragments_of(values.tobytes(), 102):
         if offset != 306:
-            reassembly.add(offset, values.nbytes, 102, memoryview(payload), now=0.0)
+            reassembly.add(offset, memoryview(payload), now=0.0)
     gradient = np.full(500, -1.0, dtype=np.float32)
     reassembly.copy_into(gradient)
     arrived = np.zeros(500, dtype=bool)
@@ -165,9 +166,9 @@ def test_receiver_advice_caps_the_rate_and_a_growing_share_lifts_it():
 
 def test_a_receiver_advises_each_of_its_senders_a_fair_share(loopback_addresses):
     a, b, c = loopback_addresses(3)
-    receiver = MltTransport(RECEIVER, c, 0, 5.0, options=MltOptions(link_mbps=100))
-    senders = [MltTransport(Peer("worker", 0), a, 0, 5.0, options=MltOptions(link_mbps=100)),
-               MltTransport(Peer("worker", 2), b, 0, 5.0, options=MltOptions(link_mbps=100))]
+    receiver = MltTransport(RECEIVER, c, 0, 5.0, options=mlt_options(**{**LOOPBACK_MLT, "link_mbps": 100}))
+    senders = [MltTransport(Peer("worker", 0), a, 0, 5.0, options=mlt_options(**{**LOOPBACK_MLT, "link_mbps": 100})),
+               MltTransport(Peer("worker", 2), b, 0, 5.0, options=mlt_options(**{**LOOPBACK_MLT, "link_mbps": 100}))]
     threads = [threading.Thread(target=s.connect, args=({RECEIVER: c}, {})) for s in senders]
     threads.append(threading.Thread(target=receiver.connect, args=({}, {Peer("worker", 0): a, Peer("worker", 2): b})))
     for t in threads:
@@ -229,10 +230,10 @@ def test_random_bytes_never_crash_the_datagram_decoder(data):
     assert frame.offset + frame.length <= frame.total and len(datagram.payload) == frame.length
 
 
-def transport_pair(addresses, options=MltOptions(link_mbps=10000), drop=None, timeout=5.0, job=0):
+def transport_pair(addresses, options=mlt_options(**LOOPBACK_MLT), drop=None, timeout=5.0, tag=0):
     a, b = addresses(2)
-    sender = MltTransport(SENDER, a, job, timeout, options=options, drop=drop)
-    receiver = MltTransport(RECEIVER, b, job, timeout, options=options)
+    sender = MltTransport(SENDER, a, tag, timeout, options=options, drop=drop)
+    receiver = MltTransport(RECEIVER, b, tag, timeout, options=options)
     threads = [threading.Thread(target=sender.connect, args=({RECEIVER: b}, {})),
                threading.Thread(target=receiver.connect, args=({}, {SENDER: a}))]
     for t in threads:
@@ -270,7 +271,7 @@ def test_nack_retransmission_fills_the_gaps(loopback_addresses):
 
 
 def test_blind_spraying_leaves_the_path_monitor_out(loopback_addresses):
-    sender, receiver = transport_pair(loopback_addresses, options=MltOptions(link_mbps=10000, adaptive_spray=False))
+    sender, receiver = transport_pair(loopback_addresses, options=mlt_options(**LOOPBACK_MLT, spray="blind"))
     observed = []
     receiver._monitor.observe = lambda *args: observed.append(args)
     sender.send(RECEIVER, KEY, np.arange(20_000, dtype=np.float32))
@@ -284,7 +285,13 @@ def _data_ports(options: MltOptions, loopback_addresses) -> set[int]:
     so drawn from a pool of 64 ports they leave from 62 on average (at 58 datagrams, 38 +- 2.4)."""
     sender, receiver = transport_pair(loopback_addresses, options=options)
     ports = set()
-    receiver._monitor.observe = lambda peer, port, sent_us, now, dscp: ports.add(port)
+    on_bytes = receiver._on_bytes
+
+    def seen(data, host, port, now):
+        if data[3] == codec.KIND_DATA:
+            ports.add(port)
+        on_bytes(data, host, port, now)
+    receiver._on_bytes = seen
     sender.send(RECEIVER, KEY, np.arange(80_000, dtype=np.float32))
     receiver.recv(SENDER, KEY, np.empty(80_000, dtype=np.float32))
     close_pair(sender, receiver)
@@ -295,8 +302,8 @@ def test_one_source_port_makes_a_flow_per_peer_from_the_given_port(loopback_addr
     """On a per-flow fabric (sport_range 1) every datagram leaves from --source-port, so ECMP places the
     message as one flow, where the pool sprays it over many ports."""
     (_, port), = loopback_addresses(1)
-    assert _data_ports(MltOptions(link_mbps=10000, sport_range=1, source_port=port), loopback_addresses) == {port}
-    assert len(_data_ports(MltOptions(link_mbps=10000, sport_range=64), loopback_addresses)) > 32
+    assert _data_ports(mlt_options(**LOOPBACK_MLT, sport_range=1, source_port=port), loopback_addresses) == {port}
+    assert len(_data_ports(mlt_options(**LOOPBACK_MLT, sport_range=64), loopback_addresses)) > 32
 
 
 def test_a_busy_source_port_falls_back_to_an_ephemeral_one_and_says_so(loopback_addresses, capfd):
@@ -304,7 +311,7 @@ def test_a_busy_source_port_falls_back_to_an_ephemeral_one_and_says_so(loopback_
     busy.bind(("127.0.0.1", 0))
     port = busy.getsockname()[1]
     try:
-        (sent_from,) = _data_ports(MltOptions(link_mbps=10000, sport_range=1, source_port=port), loopback_addresses)
+        (sent_from,) = _data_ports(mlt_options(**LOOPBACK_MLT, sport_range=1, source_port=port), loopback_addresses)
     finally:
         busy.close()
     assert sent_from != port
@@ -359,7 +366,7 @@ def test_datagrams_the_local_stack_refuses_count_as_lost_and_are_retransmitted(l
 
 
 def test_loss_within_the_bound_completes_without_retransmission(loopback_addresses):
-    options = MltOptions(loss_bound=0.05, link_mbps=10000, drop_marking=True)
+    options = mlt_options(**LOOPBACK_MLT, loss_bound=0.05, drop_marking=True)
     sender, receiver = transport_pair(loopback_addresses, options, drop=lambda frame: frame.offset == 1400)
     values = np.ones(35_000, dtype=np.float32)  # 100 fragments; 1 dropped, the 5 smallest marked LE
     values[350 * 2:350 * 7] = 1e-6
@@ -375,7 +382,7 @@ def test_loss_within_the_bound_completes_without_retransmission(loopback_address
 
 def test_each_datagram_carries_its_dscp_from_any_source_socket(loopback_addresses):
     """One pool of source sockets serves every class: the DSCP goes with each datagram."""
-    options = MltOptions(loss_bound=0.05, link_mbps=10000, drop_marking=True, sport_range=16)
+    options = mlt_options(**LOOPBACK_MLT, loss_bound=0.05, drop_marking=True, sport_range=16)
     sender, receiver = transport_pair(loopback_addresses, options)
     sender.set_dscp(RECEIVER, 40)
     listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -436,12 +443,12 @@ def test_aborting_wakes_a_thread_waiting_to_receive(loopback_addresses):
     sender.abort()
 
 
-LOOPBACK = dict(transport="mlt", link_mbps=10000)  # loopback has no link rate: do not pace at 100 Mbit/s
+LOOPBACK = dict(transport="mlt", **LOOPBACK_MLT)
 
 
 def test_training_over_mlt_matches_tcp(loopback_addresses):
-    # The largest job id the frame header holds: every transport carries and checks it.
-    options = dict(iterations=20, batch=32, eval_every=0, model=Model(width=64, depth=2), momentum=0.5, job=2**32 - 1)
+    # The largest tag the frame header holds: every transport carries and checks it.
+    options = dict(iterations=20, batch=32, eval_every=0, model=Model(width=64, depth=2), momentum=0.5, tag=2**32 - 1)
     for mode, shards, slicing in (("allreduce", 0, {}), ("ps", 2, {}), ("ps", 2, {"ps_slice_bytes": 4096})):
         tcp = run_job(loopback_addresses, 4, mode, shards, **options, **slicing)
         datagrams = run_job(loopback_addresses, 4, mode, shards, **options, **slicing, **LOOPBACK)
@@ -472,13 +479,13 @@ def test_training_converges_with_random_loss_within_the_bound(loopback_addresses
     received = {"worker": [], "server": []}  # (peer, iteration, tensor, bytes, delivered fraction) of each message
     rng = random.Random(1)
 
-    def lossy_transport(me, listen, job, timeout, log, options):
+    def lossy_transport(me, listen, tag, timeout, log, options):
         def logged(*message):
             iteration, tensor, _, total, direction, peer, *_, fraction = message
             if direction == "recv":
                 received[me.role].append((peer, iteration, tensor, total, fraction))
             log(*message)
-        transports.append(MltTransport(me, listen, job, timeout, logged, options,
+        transports.append(MltTransport(me, listen, tag, timeout, options, logged,
                                        drop=lambda frame: rng.random() < 0.01))
         return transports[-1]
     monkeypatch.setattr(assembly, "MltTransport", lossy_transport)
@@ -500,8 +507,8 @@ def test_training_converges_with_random_loss_within_the_bound(loopback_addresses
 def test_allreduce_replicas_stay_bit_identical_with_loss_on_one_workers_link(loopback_addresses, monkeypatch, tmp_path):
     rng = random.Random(2)
 
-    def lossy_transport(me, listen, job, timeout, log, options):  # 1% of worker 0's datagrams lost
-        return MltTransport(me, listen, job, timeout, log, options,
+    def lossy_transport(me, listen, tag, timeout, log, options):  # 1% of worker 0's datagrams lost
+        return MltTransport(me, listen, tag, timeout, options, log,
                             drop=lambda frame: me.rank == 0 and rng.random() < 0.01)
     monkeypatch.setattr(assembly, "MltTransport", lossy_transport)
     # fc1's chunks: 44 kB in 32 datagrams, one of which may stay missing under the bound.
@@ -527,8 +534,8 @@ def forge(to, frame: codec.Frame, fragment_bytes: int, payload: bytes = b"", sou
         sock.sendto(codec.encode_datagram_header(frame, 0, fragment_bytes, delivered) + payload, to)
 
 
-def data_frame(key: MessageKey, offset: int, length: int, total: int, sender: Peer = SENDER, job: int = 0):
-    return codec.Frame(codec.KIND_DATA, sender.role, sender.rank, key.step, job, key.iteration, key.tensor,
+def data_frame(key: MessageKey, offset: int, length: int, total: int, sender: Peer = SENDER, tag: int = 0):
+    return codec.Frame(codec.KIND_DATA, sender.role, sender.rank, key.step, tag, key.iteration, key.tensor,
                        offset, length, total)
 
 
@@ -539,29 +546,31 @@ def test_a_forged_huge_message_is_never_allocated_nor_holds_up_the_real_one(loop
                         lambda total, *args: allocated.append(total) or reassembly(total, *args))
     values = np.arange(1000, dtype=np.float32)
     # The job's largest message is exactly this one: a message one float larger is refused too.
-    sender, receiver = transport_pair(loopback_addresses, MltOptions(link_mbps=10000, max_message_bytes=values.nbytes),
-                                      timeout=3.0)
+    sender, receiver = transport_pair(loopback_addresses, mlt_options(**LOOPBACK_MLT, max_message_bytes=values.nbytes,
+                                                                     loss_bound=0.5), timeout=3.0)
     # 62 bytes from the sender's host under the real message's key, declaring 1 GiB in 1-byte fragments.
     forge(receiver.listen_address, data_frame(KEY, 0, 1, 1 << 30), 1, b"x")
     forge(receiver.listen_address, data_frame(KEY, 0, 4, values.nbytes + 4), 4, b"xxxx")
+    # A probe of the real size in one fragment of 4 GiB: no sender of the job cuts a message so.
+    forge(receiver.listen_address, data_frame(KEY, 0, 0, values.nbytes), 2**32 - 1)
     time.sleep(0.05)
     started = time.monotonic()
-    sender.send(RECEIVER, KEY, values)
+    sender.send(RECEIVER, KEY, values, tolerate_loss=True)
     out = np.empty_like(values)
     assert receiver.recv(SENDER, KEY, out) == 1.0 and np.array_equal(out, values)
     assert time.monotonic() - started < 1.0
-    assert receiver.stats.oversized == 2 and allocated == [values.nbytes]
+    assert receiver.stats.oversized == 2 and receiver.stats.mismatched == 1 and allocated == [values.nbytes]
     close_pair(sender, receiver)
 
 
 def test_datagrams_from_another_host_or_job_are_dropped(loopback_addresses):
-    sender, receiver = transport_pair(loopback_addresses, job=2**32 - 1)  # the largest job id the header holds
+    sender, receiver = transport_pair(loopback_addresses, tag=2**32 - 1)  # the largest tag the header holds
     key = MessageKey(5, 0, 0)
-    message = data_frame(key, 0, 4, 4, job=2**32 - 1)
-    forge(receiver.listen_address, message, 4, np.float32(1).tobytes(), source="127.0.0.2")  # not the sender's host
-    forge(receiver.listen_address, message._replace(job=7), 4, np.float32(2).tobytes())  # another job
-    forge(receiver.listen_address, message._replace(rank=5), 4, np.float32(3).tobytes())  # no peer of ours
-    forge(receiver.listen_address, message, 4, np.float32(4).tobytes())  # the sender's host, any port
+    message = data_frame(key, 0, 4, 4, tag=2**32 - 1)
+    forge(receiver.listen_address, message, 1400, np.float32(1).tobytes(), source="127.0.0.2")  # not the sender's host
+    forge(receiver.listen_address, message._replace(tag=7), 1400, np.float32(2).tobytes())  # another job's
+    forge(receiver.listen_address, message._replace(rank=5), 1400, np.float32(3).tobytes())  # no peer of ours
+    forge(receiver.listen_address, message, 1400, np.float32(4).tobytes())  # the sender's host, any port
     out = np.empty(1, np.float32)
     assert receiver.recv(SENDER, key, out) == 1.0 and out[0] == 4
     assert receiver.stats.foreign == 3 and receiver.stats.duplicates == 0
@@ -575,7 +584,7 @@ def test_datagrams_from_another_host_or_job_are_dropped(loopback_addresses):
 @pytest.mark.parametrize("cap, value", [("MAX_INCOMPLETE_MESSAGES", 3), ("INCOMPLETE_BYTES", 2 * 2002 + 4003)])
 def test_a_peers_incomplete_messages_are_capped(loopback_addresses, monkeypatch, cap, value):
     monkeypatch.setattr(mlt_receiver, cap, value)
-    sender, receiver = transport_pair(loopback_addresses, MltOptions(link_mbps=10000, max_message_bytes=4000))
+    sender, receiver = transport_pair(loopback_addresses, mlt_options(**LOOPBACK_MLT, max_message_bytes=4000))
     stray = MessageKey(9, 0, 0)
     for tensor in range(5):  # first fragments of 2-fragment messages whose rest does not come
         forge(receiver.listen_address, data_frame(stray._replace(tensor=tensor), 0, 1400, 2000), 1400, bytes(1400))
@@ -588,6 +597,35 @@ def test_a_peers_incomplete_messages_are_capped(loopback_addresses, monkeypatch,
     assert receiver.recv(SENDER, KEY, out) == 1.0 and np.array_equal(out, values)
     assert receiver.recv(SENDER, stray, np.empty(500, np.float32)) == 1.0
     close_pair(sender, receiver)
+
+
+def test_processes_that_cut_messages_differently_fail_to_connect_with_one_clear_line(loopback_addresses):
+    """Each would drop the other's DATA as off its grid: they say so at once instead of timing out."""
+    a, b = loopback_addresses(2)
+    pair = [MltTransport(SENDER, a, 0, 3.0, options=mlt_options(link_mbps=10000, mtu_payload=1400)),
+            MltTransport(RECEIVER, b, 0, 3.0, options=mlt_options(link_mbps=10000, mtu_payload=8908))]
+    errors = []
+
+    def connect(transport, dial, accept):
+        try:
+            transport.connect(dial, accept)
+        except TransportError as e:
+            errors.append(str(e))
+    started = time.monotonic()
+    threads = [threading.Thread(target=connect, args=(pair[0], {RECEIVER: b}, {})),
+               threading.Thread(target=connect, args=(pair[1], {}, {SENDER: a}))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert time.monotonic() - started < 1.0
+    assert sorted(errors) == [
+        f"worker0 (127.0.0.1:{a[1]}) cuts messages into 1400-byte fragments, worker1 into 8908: every process of a "
+        "job needs the same --mtu-payload",
+        f"worker1 (127.0.0.1:{b[1]}) cuts messages into 8908-byte fragments, worker0 into 1400: every process of a "
+        "job needs the same --mtu-payload"]
+    for transport in pair:
+        transport.abort()
 
 
 def test_a_nack_for_another_fragment_grid_is_dropped_and_the_message_still_delivered(loopback_addresses):

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hostapps import codec
+from hostapps.assembly import mlt_options
 from hostapps.mlt import MltOptions, MltStats, wire
 from hostapps.mlt.pacing import FLOOR_SHARE, LINK_SHARE, PACING_BURST_S, HostPacer
 from hostapps.mlt.peers import Peers
@@ -17,22 +18,22 @@ from hostapps.transport import MessageKey, Peer
 
 SENDER, RECEIVER, OTHER = Peer("worker", 0), Peer("server", 0), Peer("worker", 1)
 KEY = MessageKey(3, 1, 0)
-JOB, TIMEOUT, FRAGMENT = 7, 5.0, 100
+TAG, TIMEOUT, FRAGMENT = 7, 5.0, 100
 
 
 def options(**changes) -> MltOptions:
-    return MltOptions(**{"mtu_payload": FRAGMENT, "link_mbps": 100.0, **changes})
+    return mlt_options(**{"mtu_payload": FRAGMENT, "link_mbps": 100.0, **changes})
 
 
 def sender(timeout: float = TIMEOUT, **changes) -> Sender:
-    machine = Sender(SENDER, JOB, options(**changes), timeout, MltStats())
+    machine = Sender(SENDER, TAG, options(**changes), timeout, MltStats())
     machine.add_peer(RECEIVER)
     machine.add_peer(OTHER)
     return machine
 
 
 def receiver(timeout: float = TIMEOUT, **changes) -> Receiver:
-    return Receiver(RECEIVER, JOB, options(**changes), timeout, MltStats())
+    return Receiver(RECEIVER, TAG, options(**changes), timeout, MltStats())
 
 
 def datagram(data: bytes) -> codec.Datagram:
@@ -46,14 +47,14 @@ def on_the_wire(emission: Emission) -> codec.Datagram:
 def data(key: MessageKey, index: int, message: bytes, fragment: int = FRAGMENT, required: int = 0) -> codec.Datagram:
     """Fragment `index` of `message` as SENDER sends it, saying `required` bytes must arrive."""
     payload = message[index * fragment:(index + 1) * fragment]
-    frame = wire.data_frame(SENDER, JOB, key, index * fragment, len(payload), len(message))
+    frame = wire.data_frame(SENDER, TAG, key, index * fragment, len(payload), len(message))
     return datagram(codec.encode_datagram_header(frame, index, fragment, required) + payload)
 
 
 def probe(key: MessageKey, message: bytes, fragment: int = FRAGMENT, required: int = 0) -> codec.Datagram:
     """SENDER's probe of `message`: its last fragment's header, without the payload."""
     offset = (wire.fragment_count(len(message), fragment) - 1) * fragment
-    frame = wire.data_frame(SENDER, JOB, key, offset, 0, len(message))
+    frame = wire.data_frame(SENDER, TAG, key, offset, 0, len(message))
     return datagram(codec.encode_datagram_header(frame, 1, fragment, required))
 
 
@@ -233,7 +234,7 @@ def test_each_sender_with_a_message_in_flight_is_advised_its_share_at_once():
 def test_the_senders_of_the_most_important_class_share_the_link_and_the_others_wait_at_the_floor():
     """A worker receiving pulls from several shards (a receiver other than a shard)."""
     floor = int(FLOOR_SHARE * 100 * 1000)
-    machine = Receiver(Peer("worker", 3), JOB, options(tensor_dscp={5: 40, 6: 8}), TIMEOUT, MltStats())
+    machine = Receiver(Peer("worker", 3), TAG, options(layer_dscp={5: 40, 6: 8}), TIMEOUT, MltStats())
     third = Peer("worker", 2)  # tensor 5 in CS5, tensor 6 in CS1 (lower effort)
     machine.on_data(SENDER, data(KEY, 0, MESSAGE), now=0.0)  # CS0
     machine.on_data(third, data(KEY._replace(tensor=6), 0, MESSAGE), now=0.0)  # lower effort: after CS0
@@ -245,7 +246,7 @@ def test_the_senders_of_the_most_important_class_share_the_link_and_the_others_w
 def test_a_parameter_server_shard_splits_its_link_evenly_among_pushers_whatever_their_classes():
     """It aggregates a slice only once every worker's piece is in: no class of one worker goes before another's."""
     third = int(LINK_SHARE * 100 * 1000 / 3)
-    machine = receiver(tensor_dscp={5: 40, 6: 8})  # RECEIVER is a shard
+    machine = receiver(layer_dscp={5: 40, 6: 8})  # RECEIVER is a shard
     machine.on_data(SENDER, data(KEY, 0, MESSAGE), now=0.0)
     machine.on_data(Peer("worker", 2), data(KEY._replace(tensor=6), 0, MESSAGE), now=0.0)
     machine.on_data(OTHER, data(KEY._replace(tensor=5), 0, MESSAGE), now=0.0)
@@ -267,9 +268,9 @@ def test_first_passes_take_the_link_whole_message_by_whole_message():
 
 
 def test_a_message_whose_first_pass_is_out_waits_for_none_ahead():
-    """Its caller returns at once, to submit what became ready meanwhile: a PS's send thread for one worker
-    held in a 1 MB pull until every other worker's was out submitted the front layer, updated long
-    before, last (the headline's lock-step)."""
+    """Its caller returns at once, to submit what became ready meanwhile: a PS's send thread for one worker,
+    held in a 1 MB pull until every other worker's was out, would submit the front layer, updated long
+    before, last, and the workers would restart in lock-step."""
     machine = sender()
     sent = submit(machine, RECEIVER, payload=MESSAGE[:300])
     first_pass(machine, sent)
@@ -282,7 +283,7 @@ def test_a_message_whose_first_pass_is_out_waits_for_none_ahead():
 
 
 def test_first_passes_go_by_class_iteration_peer_served_most_fewest_bytes_left_then_age():
-    machine = sender(tensor_dscp={5: 40})  # tensor 5 in CS5
+    machine = sender(layer_dscp={5: 40})  # tensor 5 in CS5
     third = Peer("worker", 2)
     machine.add_peer(third)
     bulk = submit(machine, RECEIVER)
@@ -305,14 +306,14 @@ def test_a_parameter_server_finishes_the_worker_it_served_most_before_any_class_
     """A worker needs every layer before it goes on: the shard's pull of its last, least important layer goes
     before another worker's front layer.  A worker pushing to its shards keeps the class first."""
     shard, first, second = Peer("server", 0), Peer("worker", 0), Peer("worker", 1)
-    machine = Sender(shard, JOB, options(tensor_dscp={1: 40, 3: 8}), TIMEOUT, MltStats())  # fc1 CS5, out CS1
+    machine = Sender(shard, TAG, options(layer_dscp={1: 40, 3: 8}), TIMEOUT, MltStats())  # fc1 CS5, out CS1
     machine.add_peer(first)
     machine.add_peer(second)
     first_pass(machine, machine.submit(first, KEY._replace(tensor=1), np.frombuffer(MESSAGE, np.uint8).copy(), None))
     last_layer = machine.submit(first, KEY._replace(tensor=3), np.frombuffer(MESSAGE, np.uint8).copy(), None)
     front = machine.submit(second, KEY._replace(tensor=1), np.frombuffer(MESSAGE, np.uint8).copy(), None)
     assert machine.has_turn(last_layer) and not machine.has_turn(front)
-    pusher = sender(tensor_dscp={1: 40, 3: 8})  # a worker (SENDER) with two shards: RECEIVER and OTHER
+    pusher = sender(layer_dscp={1: 40, 3: 8})  # a worker (SENDER) with two shards: RECEIVER and OTHER
     first_pass(pusher, submit(pusher, RECEIVER, KEY._replace(tensor=1)))
     low = submit(pusher, RECEIVER, KEY._replace(tensor=3))
     high = submit(pusher, OTHER, KEY._replace(tensor=1))
@@ -357,7 +358,7 @@ def nack(message: bytes, missing: list[int], fragment: int = FRAGMENT, key: Mess
     received[missing] = False
     bitmap = wire.missing_bitmap(received)
     delivered = len(message) - sum(len(message[i * fragment:(i + 1) * fragment]) for i in missing)
-    return datagram(wire.feedback(RECEIVER, JOB, key, codec.KIND_NACK, len(message), fragment, delivered,
+    return datagram(wire.feedback(RECEIVER, TAG, key, codec.KIND_NACK, len(message), fragment, delivered,
                                   bitmap=bitmap))
 
 
@@ -423,7 +424,7 @@ def test_a_nack_resends_important_fragments_first_and_never_marks_them():
     machine.on_feedback(RECEIVER, nack(values.tobytes(), [3, 6]), now=0.01)  # 100 bytes short: one fragment
     assert [(on_the_wire(e).frame.offset, e.lower_effort) for e in drain(machine)] == [(600, False)]
     assert sender(drop_marking=True).allowance(RECEIVER, KEY, values.nbytes, True) == 0  # no loss bound: none
-    assert Sender(RECEIVER, JOB, options(loss_bound=0.1, drop_marking=True), TIMEOUT,
+    assert Sender(RECEIVER, TAG, options(loss_bound=0.1, drop_marking=True), TIMEOUT,
                   MltStats()).lower_effort(values, 100) is None  # a server's parameters are never marked
 
 
@@ -451,7 +452,7 @@ def test_a_probe_re_sends_the_last_fragment_only_to_a_peer_that_nacked_lately():
     machine.tick(0.01 + 2 * RTO_S)
     probe, = drain(machine, now=0.01 + 2 * RTO_S)  # the fragment is likely lost: the probe repairs it
     assert (probe.frame.offset, probe.frame.length) == (1000, 24) and machine.stats.probes == 1
-    machine.on_feedback(RECEIVER, datagram(wire.feedback(RECEIVER, JOB, KEY, codec.KIND_ACK, 1024, FRAGMENT, 1024)),
+    machine.on_feedback(RECEIVER, datagram(wire.feedback(RECEIVER, TAG, KEY, codec.KIND_ACK, 1024, FRAGMENT, 1024)),
                         now=0.3)
     clean = submit(machine, key=KEY._replace(tensor=2))
     first_pass(machine, clean, now=0.01 + LOSSY_PATH_S)
@@ -504,7 +505,7 @@ def test_an_ack_releases_the_message_and_what_it_had_left_to_send():
     first_pass(machine, message)
     machine.on_feedback(RECEIVER, nack(MESSAGE, [1, 2]), now=0.01)
     machine.next_datagram(0.01)
-    ack = datagram(wire.feedback(RECEIVER, JOB, KEY, codec.KIND_ACK, 1024, FRAGMENT, 1024))
+    ack = datagram(wire.feedback(RECEIVER, TAG, KEY, codec.KIND_ACK, 1024, FRAGMENT, 1024))
     machine.on_feedback(RECEIVER, ack, now=0.02)
     assert message.released and machine.outgoing == {} and machine.next_datagram(0.02) is None
     assert machine.first_datagram(submit(machine, key=KEY._replace(tensor=2)), 0.02) is not None
@@ -516,7 +517,7 @@ def test_feedback_on_another_grid_or_size_is_counted_and_ignored():
     machine = sender()
     first_pass(machine, submit(machine))
     machine.on_feedback(RECEIVER, nack(MESSAGE, [1], fragment=50), now=0.01)
-    machine.on_feedback(RECEIVER, datagram(wire.feedback(RECEIVER, JOB, KEY, codec.KIND_ACK, 1000, FRAGMENT, 1000)),
+    machine.on_feedback(RECEIVER, datagram(wire.feedback(RECEIVER, TAG, KEY, codec.KIND_ACK, 1000, FRAGMENT, 1000)),
                         now=0.01)
     assert machine.stats.mismatched == 2 and machine.next_datagram(0.01) is None and len(machine.outgoing) == 1
 
@@ -566,12 +567,12 @@ def test_the_host_pacer_keeps_every_peer_together_under_the_link():
 
 
 def test_only_our_peers_datagrams_from_their_hosts_count():
-    peers = Peers(JOB)
+    peers = Peers(TAG)
     peers.hosts[SENDER] = "10.0.0.1"
-    frame = wire.data_frame(SENDER, JOB, KEY, 0, 4, 4)
+    frame = wire.data_frame(SENDER, TAG, KEY, 0, 4, 4)
     assert peers.sender_of(frame, "10.0.0.1") == SENDER
     assert peers.sender_of(frame, "10.0.0.2") is None
-    assert peers.sender_of(frame._replace(job=JOB + 1), "10.0.0.1") is None
+    assert peers.sender_of(frame._replace(tag=TAG + 1), "10.0.0.1") is None
     assert peers.sender_of(frame._replace(rank=5), "10.0.0.1") is None
 
 
@@ -639,3 +640,102 @@ def test_random_loss_on_a_long_message_is_repaired_with_just_enough_resends():
     assert 0.95 <= delivery.message.delivered_fraction < 1
     # About 10% lost, the bound takes 5%: roughly 5% resent (and the resends' own losses), not all 10%.
     assert 40 <= tx.stats.fragments_retransmitted <= 80
+
+
+# --- what a receiver trusts of a header: a message's grid is the job's
+
+def forged_probe(key: MessageKey, total: int, fragment: int, required: int = 0) -> codec.Datagram:
+    """62 bytes as anyone on SENDER's host could send them: a probe of `key` in `fragment`-byte pieces."""
+    frame = wire.data_frame(SENDER, TAG, key, 0, 0, total)
+    return datagram(codec.encode_datagram_header(frame, 0, fragment, required))
+
+
+@pytest.mark.parametrize("loss_bound", [0.0, 0.1])
+def test_a_forged_probe_on_another_grid_is_counted_and_neither_completes_nor_holds_up_the_real_message(loss_bound):
+    machine = receiver(loss_bound=loss_bound, max_message_bytes=len(MESSAGE))
+    actions = machine.on_data(SENDER, forged_probe(KEY, len(MESSAGE), 2**32 - 1), now=0.0)
+    assert actions == () and machine.incoming == {} and machine.stats.mismatched == 1
+    delivered = [a for index in range(11)
+                 for a in machine.on_data(SENDER, data(KEY, index, MESSAGE, required=len(MESSAGE)), now=0.001)
+                 if isinstance(a, Delivery)]
+    assert [d.message.buffer.tobytes() for d in delivered] == [MESSAGE] and machine.stats.duplicates == 0
+
+
+def test_a_probe_on_the_jobs_grid_never_completes_a_message_none_of_whose_bytes_arrived():
+    """Whatever it says its sender requires: at least one fragment of every message arrives (Sender.allowance)."""
+    machine = receiver(loss_bound=0.5)
+    one_fragment = MESSAGE[:FRAGMENT]
+    nack, = feedback_of(machine.on_data(SENDER, forged_probe(KEY, len(one_fragment), FRAGMENT), now=0.0))
+    assert nack.frame.kind == codec.KIND_NACK and nack.delivered == 0
+    ack, delivery = machine.on_data(SENDER, data(KEY, 0, one_fragment), now=0.001)
+    assert delivery.message.buffer.tobytes() == one_fragment
+
+
+def test_the_required_bytes_of_a_message_are_the_most_any_of_its_datagrams_says():
+    """A forged first datagram saying nothing is required cannot make an exact message complete short."""
+    machine = receiver(loss_bound=0.5)
+    machine.on_data(SENDER, forged_probe(KEY, len(MESSAGE), FRAGMENT), now=0.0)
+    for index in set(range(11)) - {4}:
+        machine.on_data(SENDER, data(KEY, index, MESSAGE, required=len(MESSAGE)), now=0.001)
+    nack, = feedback_of(machine.tick(0.01))
+    assert nack.frame.kind == codec.KIND_NACK and list(wire.missing_fragments(nack.payload, 1024, FRAGMENT)) == [4]
+
+
+
+# --- what a receiver remembers of its completed messages
+
+def complete(machine: Receiver, peer: Peer, key: MessageKey, message: bytes, now: float) -> None:
+    for index in range(wire.fragment_count(len(message), FRAGMENT)):
+        machine.on_data(peer, data(key, index, message), now=now)
+
+
+def kinds(actions) -> list[str]:
+    """What the actions are: ACK, NACK (of any message) or a delivery."""
+    return [{codec.KIND_ACK: "ACK", codec.KIND_NACK: "NACK"}[f.frame.kind] for f in feedback_of(actions)] + [
+        "delivery" for a in actions if isinstance(a, Delivery)]
+
+
+def test_a_late_probe_or_duplicate_after_thousands_of_completions_is_acked_never_nacked_nor_delivered_again():
+    machine = receiver()
+    for iteration in range(2500):  # 5000 one-datagram messages from two peers
+        for peer in (SENDER, OTHER):
+            complete(machine, peer, KEY._replace(iteration=iteration), MESSAGE[:FRAGMENT], now=iteration / 10_000)
+    first = KEY._replace(iteration=0)
+    assert kinds(machine.on_data(SENDER, probe(first, MESSAGE[:FRAGMENT]), now=1.0)) == ["ACK"]  # its ACK was lost
+    assert kinds(machine.on_data(SENDER, data(first, 0, MESSAGE[:FRAGMENT]), now=1.001)) == []  # one per quiet period
+    assert kinds(machine.on_data(SENDER, data(first, 0, MESSAGE[:FRAGMENT]), now=1.01)) == ["ACK"]
+    assert machine.stats.late_probes == 1 and machine.stats.duplicates == 2
+    assert all(kinds(machine.tick(1.0 + t / 100)) == [] for t in range(200))  # nothing incoming: no NACK
+
+
+def test_a_completed_message_is_remembered_while_its_sender_may_still_send_it_then_stays_done():
+    """Its sender gives up `timeout` after the last feedback it heard: a message heard of again is remembered
+    that long again (and a second more for the feedback on its way); then any of its datagrams is stale."""
+    machine = receiver()
+    complete(machine, SENDER, KEY, MESSAGE, now=0.0)
+    assert kinds(machine.on_data(SENDER, data(KEY, 10, MESSAGE), now=TIMEOUT)) == ["ACK"]  # a late duplicate
+    machine.tick(2 * TIMEOUT + 0.5)
+    assert kinds(machine.on_data(SENDER, probe(KEY, MESSAGE), now=2 * TIMEOUT + 0.5)) == ["ACK"]
+    machine.tick(3 * TIMEOUT + 2.0)  # silent since for longer than the sender's timeout: forgotten
+    assert machine.remembered() == 0
+    late = 3 * TIMEOUT + 2.0
+    for datagram_ in (probe(KEY, MESSAGE), data(KEY, 10, MESSAGE), data(KEY._replace(tensor=9), 0, MESSAGE)):
+        assert kinds(machine.on_data(SENDER, datagram_, now=late)) == []
+    assert machine.stats.stale == 3 and machine.incoming == {}
+    assert kinds(machine.tick(late + 1.0)) == []
+    # A later iteration is news: it is received as ever.
+    assert "NACK" in kinds(machine.on_data(SENDER, probe(KEY._replace(iteration=4), MESSAGE), now=late))
+
+
+def test_a_peers_remembered_messages_are_capped_oldest_iteration_first(monkeypatch):
+    monkeypatch.setattr("hostapps.mlt.receiver.MAX_REMEMBERED", 4)
+    machine = receiver()
+    for iteration in range(5):
+        for tensor in range(2):
+            complete(machine, SENDER, MessageKey(iteration, tensor, 0), MESSAGE[:FRAGMENT], now=0.0)
+    complete(machine, OTHER, KEY, MESSAGE[:FRAGMENT], now=0.0)  # the cap is per peer
+    assert machine.remembered() == 4 + 1
+    assert kinds(machine.on_data(SENDER, probe(MessageKey(4, 1, 0), MESSAGE[:FRAGMENT]), now=0.01)) == ["ACK"]
+    assert kinds(machine.on_data(SENDER, probe(MessageKey(2, 0, 0), MESSAGE[:FRAGMENT]), now=0.01)) == []
+    assert machine.stats.stale == 1
+    assert kinds(machine.on_data(OTHER, probe(KEY, MESSAGE[:FRAGMENT]), now=0.01)) == ["ACK"]

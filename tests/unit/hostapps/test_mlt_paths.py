@@ -88,8 +88,8 @@ def test_stray_congested_datagrams_apart_begin_no_episode():
 
 
 def test_a_stalls_backlog_arriving_at_once_begins_no_episode():
-    """Ten datagrams held 40-50 ms and let go within 12 ms (a CPU's backlog, as measured on the default
-    spec's unloaded fabric): overtaken, so their ports are named, but no episode begins."""
+    """Ten datagrams held 40-50 ms and let go within 12 ms (a host's backlog after a CPU stall, as on an
+    unloaded fabric): overtaken, so their ports are named, but no episode begins."""
     watch = monitor()
     held = range(40, 40 + paths.EPISODE_STRIKES)
     end = observe_all(watch, SENDER, [
