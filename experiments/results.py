@@ -19,12 +19,14 @@ aggregated from them.
 from __future__ import annotations
 
 import importlib.metadata
+import itertools
 import json
 import math
 import os
 import platform
 import sys
 import re
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -83,9 +85,10 @@ def process_dir(out_dir: str | Path, run_id: str, host: str, role: str, rank: in
 
 
 def start_output(out_dir: str | Path, spec: Spec, resume: bool) -> Path:
-    """Create OUT with spec.yaml and meta.json. Resuming needs the same resolved spec (the
-    finished runs must stay comparable) and keeps the original meta.json."""
+    """Create OUT (see output_folder) with spec.yaml and meta.json. Resuming needs the same resolved
+    spec (the finished runs must stay comparable) and keeps the original meta.json."""
     out = Path(out_dir)
+    output_folder(out)
     spec_path = out / "spec.yaml"
     document = spec.resolved_document()
     if resume and spec_path.exists():
@@ -93,11 +96,47 @@ def start_output(out_dir: str | Path, spec: Spec, resume: bool) -> Path:
             raise ValueError(f"{spec_path}: differs from the spec given; resume needs the same spec")
     elif not resume and spec_path.exists():
         raise ValueError(f"{out}: holds results already; pass --resume or another --out")
-    out.mkdir(parents=True, exist_ok=True)
     write_text(spec_path, yaml.safe_dump(document, sort_keys=False))
     if not (out / "meta.json").exists():
         write_text(out / "meta.json", json.dumps(environment(spec), indent=2) + "\n")
     return out
+
+
+def output_folder(out: Path) -> None:
+    """Create OUT and the folders above it that do not exist (mode 0o755 or tighter) and check OUT,
+    them and the results root (the nearest folder above that existed); ValueError naming --out
+    unless each is a folder, not a symbolic link, owned by us or root and, when we are root, not
+    writable by other users (but a sticky results root such as /tmp, where no one else can rename
+    or delete what we create). Otherwise another user could put a link where root then writes."""
+    absolute = Path(os.path.abspath(out))
+    missing = list(itertools.takewhile(lambda folder: not os.path.lexists(folder), [absolute, *absolute.parents]))
+    root = missing[-1].parent if missing else absolute.parent
+    _check_folder(out, root, sticky_allowed=True)
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=0o755)
+        except FileExistsError:
+            pass  # made meanwhile by someone: checked below like one found
+        except OSError as error:
+            raise ValueError(f"--out {out}: cannot create {folder}: {error.strerror}") from None
+    for folder in [*reversed(missing[1:]), absolute]:
+        _check_folder(out, folder, sticky_allowed=False)
+
+
+def _check_folder(out: Path, folder: Path, sticky_allowed: bool) -> None:
+    status = os.lstat(folder)
+    mode, owner = status.st_mode, status.st_uid
+    problem = None
+    if stat.S_ISLNK(mode):
+        problem = "is a symbolic link: results go into a real folder, not through a link"
+    elif not stat.S_ISDIR(mode):
+        problem = "is not a folder"
+    elif owner not in (os.geteuid(), 0):
+        problem = f"is owned by uid {owner}, neither us nor root: its owner could put links where we write"
+    elif os.geteuid() == 0 and mode & 0o022 and not (sticky_allowed and mode & stat.S_ISVTX):
+        problem = f"is writable by other users (mode {stat.S_IMODE(mode):#o}): they could put links where we write"
+    if problem:
+        raise ValueError(f"--out {out}: {folder} {problem}")
 
 
 def _command_output(command: list[str]) -> str | None:
