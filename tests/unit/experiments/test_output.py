@@ -104,3 +104,20 @@ def test_a_sticky_shared_root_like_tmp_is_a_results_root(tmp_path):
     (shared / "theirs").mkdir()
     os.chown(shared / "theirs", OTHER_UID, OTHER_UID)
     _refused(shared / "theirs", "is owned by uid")
+
+
+@pytest.mark.parametrize("damage,what", [
+    (lambda spec: spec.write_bytes(b"name: [\xff"), "not YAML"),
+    (lambda spec: (spec.unlink(), spec.symlink_to("/etc/hostname")), "a symbolic link, not followed"),
+    (lambda spec: spec.write_text("[1, 2]\n"), "differs from the spec given"),
+])
+def test_resuming_a_folder_with_a_damaged_spec_is_one_line_naming_it(tmp_path, damage, what):
+    out = tmp_path / "out"
+    results.start_output(out, SPEC, resume=False)
+    damage(out / "spec.yaml")
+    with pytest.raises(ValueError) as raised:
+        results.start_output(out, SPEC, resume=True)
+    message = str(raised.value)
+    assert message.startswith(f"{out / 'spec.yaml'}: {what}") and "\n" not in message
+    with pytest.raises(ValueError, match="holds results already"):
+        results.start_output(out, SPEC, resume=False)
