@@ -367,8 +367,9 @@ def _targets(clean: Path) -> list[Path]:
 
 def _damage(out: Path, target: Path, data) -> None:
     path = out / target
-    if not os.path.lexists(path) or path.is_symlink():
-        return  # gone with an earlier damage to its folder
+    if not os.path.lexists(path) or any((out / Path(*target.parts[:end])).is_symlink()
+                                        for end in range(1, len(target.parts) + 1)):
+        return  # gone with an earlier damage, or a link to another run's: never damaged through a link
     if path.is_dir():
         kind = data.draw(st.sampled_from(FOLDER_DAMAGE), label=f"{target}")
         event(f"folder: {kind}")
