@@ -154,6 +154,8 @@ def link_utilization(tables: dict[str, pd.DataFrame], path: Path) -> Path | None
         for position, scheme in enumerate(schemes):
             rows = mode_links[mode_links["scheme"] == scheme]
             utilization = rows.groupby("run_id").apply(fabric_link_utilization).to_numpy().ravel()
+            if not np.isfinite(utilization).any():
+                continue  # no fabric port of this scheme's runs has a utilization
             imbalance = per_run(rows, link_imbalance).mean()
             jitter = np.linspace(-0.2, 0.2, len(utilization))
             ax.scatter(position + jitter, utilization, s=12, color="tab:blue")

@@ -18,15 +18,20 @@ aggregated from them.
 """
 from __future__ import annotations
 
+import errno
 import importlib.metadata
+import io
+import itertools
 import json
 import math
 import os
 import platform
 import sys
-import re
+import stat
 import subprocess
 import time
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +62,6 @@ PORT_RATE_COLUMNS = ["switch", "port", "peer", "rate_mbps", "tier", "role"]
 # OUT/queues.csv columns (after run_id): per switch port and class, over the run.
 QUEUE_TOTAL_COLUMNS = ["switch", "port", "cs", "sent_pkts", "dropped_pkts"]
 
-PROCESS_DIR = re.compile(r"(?P<host>.+)-(?P<role>worker|server)(?P<rank>\d+)")
 # Port statistics silent for this many polling intervals: a gap (a controller restarting, say).
 PORT_STATS_GAP_INTERVALS = 3
 RUN_STATUSES = ("ok", "failed")
@@ -74,21 +78,58 @@ def process_dir(out_dir: str | Path, run_id: str, host: str, role: str, rank: in
 
 
 def start_output(out_dir: str | Path, spec: Spec, resume: bool) -> Path:
-    """Create OUT with spec.yaml and meta.json. Resuming needs the same resolved spec (the
-    finished runs must stay comparable) and keeps the original meta.json."""
+    """Create OUT (see output_folder) with spec.yaml and meta.json. Resuming needs the same resolved
+    spec (the finished runs must stay comparable) and keeps the original meta.json."""
     out = Path(out_dir)
+    output_folder(out)
     spec_path = out / "spec.yaml"
     document = spec.resolved_document()
-    if resume and spec_path.exists():
-        if yaml.safe_load(spec_path.read_text()) != document:
+    if resume and os.path.lexists(spec_path):
+        if read_spec_document(out) != document:
             raise ValueError(f"{spec_path}: differs from the spec given; resume needs the same spec")
-    elif not resume and spec_path.exists():
+    elif not resume and os.path.lexists(spec_path):
         raise ValueError(f"{out}: holds results already; pass --resume or another --out")
-    out.mkdir(parents=True, exist_ok=True)
     write_text(spec_path, yaml.safe_dump(document, sort_keys=False))
     if not (out / "meta.json").exists():
         write_text(out / "meta.json", json.dumps(environment(spec), indent=2) + "\n")
     return out
+
+
+def output_folder(out: Path) -> None:
+    """Create OUT and the folders above it that do not exist (mode 0o755 or tighter) and check OUT,
+    them and the results root (the nearest folder above that existed); ValueError naming --out
+    unless each is a folder, not a symbolic link, owned by us or root and, when we are root, not
+    writable by other users (but a sticky results root such as /tmp, where no one else can rename
+    or delete what we create). Otherwise another user could put a link where root then writes."""
+    absolute = Path(os.path.abspath(out))
+    missing = list(itertools.takewhile(lambda folder: not os.path.lexists(folder), [absolute, *absolute.parents]))
+    root = missing[-1].parent if missing else absolute.parent
+    _check_folder(out, root, sticky_allowed=True)
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=0o755)
+        except FileExistsError:
+            pass  # made meanwhile by someone: checked below like one found
+        except OSError as error:
+            raise ValueError(f"--out {out}: cannot create {folder}: {error.strerror}") from None
+    for folder in [*reversed(missing[1:]), absolute]:
+        _check_folder(out, folder, sticky_allowed=False)
+
+
+def _check_folder(out: Path, folder: Path, sticky_allowed: bool) -> None:
+    status = os.lstat(folder)
+    mode, owner = status.st_mode, status.st_uid
+    problem = None
+    if stat.S_ISLNK(mode):
+        problem = "is a symbolic link: results go into a real folder, not through a link"
+    elif not stat.S_ISDIR(mode):
+        problem = "is not a folder"
+    elif owner not in (os.geteuid(), 0):
+        problem = f"is owned by uid {owner}, neither us nor root: its owner could put links where we write"
+    elif os.geteuid() == 0 and mode & 0o022 and not (sticky_allowed and mode & stat.S_ISVTX):
+        problem = f"is writable by other users (mode {stat.S_IMODE(mode):#o}): they could put links where we write"
+    if problem:
+        raise ValueError(f"--out {out}: {folder} {problem}")
 
 
 def _command_output(command: list[str]) -> str | None:
@@ -170,15 +211,137 @@ def write_run_record(out_dir: str | Path, run: Run, status: str, start_s: float,
     return path
 
 
-def read_run_record(out_dir: str | Path, run_id: str) -> dict[str, Any] | None:
-    """The run's run.json; None when there is none or it cannot be read (the run is then not
-    finished: --resume runs it again)."""
-    path = run_dir(out_dir, run_id) / "run.json"
+class Damaged(ValueError):
+    """A record that is not what its contract says (wrong JSON type, a field of another type, a CSV
+    cut short or with other columns, a link, a FIFO...): str() is one line, `path: what`."""
+
+    def __init__(self, path: str | Path, what: object):
+        super().__init__(f"{path}: {one_line(what)}")
+
+
+def one_line(what: object, limit: int = 300) -> str:
+    """A message as one line (a pandas error spans several, a cell may hold anything)."""
+    text = " ".join(str(what).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _read_bytes(path: Path) -> bytes | None:
+    """A record file's bytes, None when there is none. A symbolic link is not followed and only a
+    regular file is read: someone else's folder must not make root read what a link points to,
+    nor block on a FIFO or read a device without end."""
     try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
         return None
-    return record if isinstance(record, dict) and record.get("status") in RUN_STATUSES else None
+    except OSError as error:
+        raise Damaged(path, "a symbolic link, not followed" if error.errno == errno.ELOOP else error.strerror) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise Damaged(path, "not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as file:
+            return file.read()
+    except OSError as error:
+        raise Damaged(path, error.strerror) from None
+    finally:
+        os.close(fd)
+
+
+def real_folder(path: Path) -> Path:
+    """path, unless it is a symbolic link (Damaged): the folders of records are not followed either."""
+    if path.is_symlink():
+        raise Damaged(path, "a symbolic link, not followed")
+    return path
+
+
+JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+
+
+def read_spec_document(out: Path) -> Any:
+    """OUT/spec.yaml's document; Damaged when there is none, or it is not YAML."""
+    path = out / "spec.yaml"
+    data = _read_bytes(path)
+    if data is None:
+        raise Damaged(path, "missing")
+    try:
+        return yaml.safe_load(data)
+    except (yaml.YAMLError, ValueError, RecursionError) as error:
+        raise Damaged(path, f"not YAML ({error})") from None
+
+
+def read_json_object(path: Path) -> dict[str, Any] | None:
+    """A JSON record (an object), None when there is none; Damaged when it is anything else."""
+    data = _read_bytes(path)
+    if data is None:
+        return None
+    if not data:
+        raise Damaged(path, "empty")
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError) as error:
+        raise Damaged(path, f"not JSON ({error})") from None
+    if not isinstance(value, dict):
+        raise Damaged(path, f"a JSON {JSON_TYPES.get(type(value), 'value')}, not an object")
+    return value
+
+
+def _number(path: Path, record: dict, name: str, default: float = math.nan, within: str = "") -> float:
+    """record[name] as a number; default when absent or null; Damaged when anything else (`within`:
+    the field that holds record, for the message)."""
+    value = record.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise Damaged(path, f"{within}{name}: {_shown(value)} is not a number")
+    if isinstance(value, int) and not -2**63 <= value < 2**64:
+        raise Damaged(path, f"{within}{name}: {_shown(value)} is out of range")  # no column can hold it
+    return value
+
+
+def _object(path: Path, record: dict, name: str) -> dict:
+    """record[name] as a JSON object; {} when absent or null; Damaged when anything else."""
+    value = record.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise Damaged(path, f"{name}: {_shown(value)} is not an object")
+    return value
+
+
+def checked_run_record(out_dir: str | Path, run_id: str) -> dict[str, Any] | None:
+    """The run's run.json (see write_run_record), None when there is none; Damaged when it is not
+    a record of a finished run: a status, its start and end, faults a list of strings, error a
+    string, the bounds numbers (null faults, error and bounds read as none)."""
+    path = real_folder(real_folder(Path(out_dir) / "runs") / run_id) / "run.json"
+    record = read_json_object(path)
+    if record is None:
+        return None
+    if record.get("status") not in RUN_STATUSES:
+        raise Damaged(path, f"status: {_shown(record.get('status'))} is not one of {', '.join(RUN_STATUSES)}")
+    for name in ("start_s", "end_s"):
+        if not math.isfinite(_number(path, record, name)):
+            raise Damaged(path, f"{name}: missing" if record.get(name) is None else f"{name}: not finite")
+    faults = [] if record.get("faults") is None else record["faults"]
+    if not isinstance(faults, list) or not all(isinstance(fault, str) for fault in faults):
+        raise Damaged(path, f"faults: {_shown(faults)} is not a list of strings")
+    error = "" if record.get("error") is None else record["error"]
+    if not isinstance(error, str):
+        raise Damaged(path, f"error: {_shown(error)} is not a string")
+    bounds = {name: _number(path, record, name) for name in ("link_bound_s", "tail_comm_s") if name in record}
+    return {**record, "faults": faults, "error": error, **bounds}
+
+
+def read_run_record(out_dir: str | Path, run_id: str) -> dict[str, Any] | None:
+    """The run's run.json; None when there is none or it is damaged (see checked_run_record): the run is
+    then not finished, and --resume runs it again."""
+    try:
+        return checked_run_record(out_dir, run_id)
+    except Damaged:
+        return None
 
 
 # What a finished run's folder holds besides run.json: the runner's and every host-app process's.
@@ -186,24 +349,48 @@ RUN_FILES = ("ports.csv", "port_rates.csv", "cpu.csv", "queues.csv", "drain.csv"
 PROCESS_FILES = ("iterations.csv", "tensors.csv", "summary.json")
 
 
-def missing_records(out_dir: str | Path, run: Run) -> list[str]:
-    """The files a finished run should have and has not (relative to its folder)."""
-    path = run_dir(out_dir, run.run_id)
+def _processes(run: Run) -> list[tuple[str, str, int]]:
+    """The run's host-app processes (host, role, rank): servers, then workers."""
     config = run.config
     processes = [(host, "server", rank) for rank, host in enumerate(config.server_hosts)]
-    processes += [(host, "worker", rank) for rank, host in enumerate(config.worker_hosts)]
+    return processes + [(host, "worker", rank) for rank, host in enumerate(config.worker_hosts)]
+
+
+def _regular_file(folder: Path, name: str) -> bool:
+    """folder/name (name relative, maybe with folders) is a regular file reached through no link."""
+    path = folder
+    for part in Path(name).parts:
+        path = path / part
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            return False
+        if stat.S_ISLNK(mode):
+            return False
+    return stat.S_ISREG(mode)
+
+
+def missing_records(out_dir: str | Path, run: Run) -> list[str]:
+    """The files a finished run should have and has not (relative to its folder); a link or a
+    FIFO in place of one is not the file."""
+    path = run_dir(out_dir, run.run_id)
     expected = list(RUN_FILES) + [f"{process_dir(out_dir, run.run_id, *process).name}/{name}"
-                                  for process in processes for name in PROCESS_FILES]
-    return [name for name in expected if not (path / name).is_file()]
+                                  for process in _processes(run) for name in PROCESS_FILES]
+    return [name for name in expected if not _regular_file(path, name)]
 
 
 def completed_run_ids(out_dir: str | Path, spec: Spec) -> set[str]:
-    """Runs recorded with status ok and every record in place: what --resume skips."""
+    """Runs recorded with status ok and every record in place and readable: what --resume skips."""
     done = set()
     for run in spec.runs:
         record = read_run_record(out_dir, run.run_id)
-        if record and record["status"] == "ok" and not missing_records(out_dir, run):
-            done.add(run.run_id)
+        if not record or record["status"] != "ok" or missing_records(out_dir, run):
+            continue
+        try:
+            read_run(out_dir, run)
+        except Damaged:
+            continue
+        done.add(run.run_id)
     return done
 
 
@@ -212,23 +399,49 @@ def completed_run_ids(out_dir: str | Path, spec: Spec) -> set[str]:
 # Columns added to the records after results were already made with them: older results read as
 # empty there, so they still aggregate (each other missing column is an error).
 LATER_COLUMNS = {"delivered_fraction_reduce", "delivered_fraction_gather", "mem_used_mb", "straggler_s"}
+# The contracts' columns of text; every other column holds numbers (an empty cell is NaN).
+TEXT_COLUMNS = {"run_id", "job", "role", "tensor", "direction", "peer", "switch", "tier"}
+# The columns that say what a row is about: never empty.
+KEY_COLUMNS = {"run_id", "time_s", "switch", "port", "cs", "role", "rank", "iteration"}
+
+
+def _parse_csv(path: Path, columns: list[str], numeric: list[str] | None = None, **options) -> pd.DataFrame | None:
+    """A CSV table with at least `columns` (LATER_COLUMNS added empty), numbers in `numeric` (by
+    default the columns but TEXT_COLUMNS); None when there is none; Damaged when it is not that
+    table. options go to pandas.read_csv."""
+    data = _read_bytes(path)
+    if data is None:
+        return None
+    if not data:
+        raise Damaged(path, "empty")
+    if not data.endswith(b"\n"):
+        raise Damaged(path, "cut short (its last line does not end)")  # every writer ends its lines
+    try:
+        frame = pd.read_csv(io.BytesIO(data), **options)
+    except (ValueError, TypeError, RecursionError) as error:  # pandas' ParserError, EmptyDataError, bad UTF-8
+        raise Damaged(path, f"not a CSV table ({error})") from None
+    frame = frame.assign(**{column: math.nan for column in LATER_COLUMNS & set(columns) - set(frame.columns)})
+    missing = [column for column in columns if column not in frame.columns]
+    if missing:
+        raise Damaged(path, f"missing columns {', '.join(missing)} (expected {', '.join(columns)})")
+    for column in (numeric if numeric is not None else [c for c in columns if c not in TEXT_COLUMNS]):
+        if not pd.api.types.is_numeric_dtype(frame[column]) and len(frame):
+            numbers = pd.to_numeric(frame[column], errors="coerce")
+            wrong = numbers.isna() & frame[column].notna()
+            if wrong.any():
+                row = int(wrong.to_numpy().argmax())
+                raise Damaged(path, f"{column}: {_shown(frame[column].iloc[row])} on line {row + 2} is not a number")
+            frame[column] = numbers
+    for column in KEY_COLUMNS.intersection(columns):
+        if frame[column].isna().any():
+            raise Damaged(path, f"{column}: empty on line {int(frame[column].isna().to_numpy().argmax()) + 2}")
+    return frame
 
 
 def _read_csv(path: Path, columns: list[str]) -> pd.DataFrame:
     """A contract CSV with exactly its declared columns (extra ones dropped); empty if absent."""
-    if not path.exists():
-        return pd.DataFrame(columns=columns)
-    frame = pd.read_csv(path)
-    frame = frame.assign(**{column: math.nan for column in LATER_COLUMNS & set(columns) - set(frame.columns)})
-    missing = [column for column in columns if column not in frame.columns]
-    if missing:
-        raise ValueError(f"{path}: missing columns {', '.join(missing)} (expected {', '.join(columns)})")
-    return frame[columns]
-
-
-def _process_dirs(run_path: Path) -> list[tuple[Path, re.Match]]:
-    matches = ((path, PROCESS_DIR.fullmatch(path.name)) for path in sorted(run_path.iterdir()))
-    return [(path, match) for path, match in matches if match and path.is_dir()]
+    frame = _parse_csv(path, columns)
+    return pd.DataFrame(columns=columns) if frame is None else frame[columns]
 
 
 def _concat(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
@@ -236,33 +449,67 @@ def _concat(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
 
 
-def read_run(out_dir: str | Path, run_id: str) -> dict[str, pd.DataFrame]:
-    """One run's raw records: iterations, tensors, summaries (one row per process, with
-    host, role, rank), ports, port_rates, cpu."""
-    path = run_dir(out_dir, run_id)
-    processes = _process_dirs(path)
-    summaries = []
-    for process_path, match in processes:
-        summary_path = process_path / "summary.json"
-        if summary_path.exists():
-            fields = json.loads(summary_path.read_text())
-            summaries.append({"host": match["host"], "role": match["role"], "rank": int(match["rank"]),
-                              **{name: fields.get(name, math.nan) for name in SUMMARY_FIELDS},
-                              "lag_ms_p99": fields.get("timing", {}).get("lag_ms_p99", math.nan)})
-    ovs_path = path / "ovs.json"
+def _summary_row(path: Path, host: str, role: str, rank: int) -> dict[str, Any] | None:
+    """A process's summary.json as a row of the summaries table (null fields read as absent)."""
+    fields = read_json_object(path)
+    if fields is None:
+        return None
+    return {"host": host, "role": role, "rank": rank, **{name: _number(path, fields, name) for name in SUMMARY_FIELDS},
+            "lag_ms_p99": _number(path, _object(path, fields, "timing"), "lag_ms_p99", within="timing: ")}
+
+
+def _ovs_record(path: Path) -> dict[str, Any]:
+    """The sampler's ovs.json with the counters the fidelity guard adds (absent ones 0)."""
+    record = read_json_object(path)
+    if record is None:
+        return {}
+    by_port = _object(path, record, "tx_errors_by_port")
+    return {"tx_errors_by_port": {port: _number(path, by_port, port, 0, "tx_errors_by_port: ") for port in by_port},
+            "tx_errors_suppressed": _number(path, record, "tx_errors_suppressed", 0),
+            "datapath_drops": _number(path, record, "datapath_drops", 0)}
+
+
+def _read_model(path: Path) -> dict[str, np.ndarray] | None:
+    """A worker's final parameters (model.npz), None when there is none."""
+    data = _read_bytes(path)
+    if data is None:
+        return None
+    try:
+        archive = np.load(io.BytesIO(data))  # no pickles: allow_pickle is off
+        if not isinstance(archive, np.lib.npyio.NpzFile):
+            raise ValueError("one array, not an archive of them")
+        with archive:
+            return dict(archive)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as error:
+        raise Damaged(path, f"not a NumPy archive ({error})") from None
+
+
+def read_run(out_dir: str | Path, run: Run) -> dict[str, Any]:
+    """One run's raw records: iterations, tensors, summaries (one row per process, with host, role,
+    rank), ports, port_rates, cpu, queues, drains, sockets, ovs, and the workers' final models
+    (None unless every worker has one). Only the run's own processes are read; Damaged names the
+    first record that is not what its contract says."""
+    path = real_folder(real_folder(Path(out_dir) / "runs") / run.run_id)
+    processes = sorted((real_folder(process_dir(out_dir, run.run_id, host, role, rank)), host, role, rank)
+                       for host, role, rank in _processes(run))  # in the order of their folders' names
+    summaries = [_summary_row(folder / "summary.json", host, role, rank) for folder, host, role, rank in processes]
+    models = [_read_model(process_dir(out_dir, run.run_id, host, role, rank) / "model.npz")
+              for host, role, rank in _processes(run) if role == "worker"]  # in rank order: the first is the reference
     return {
-        "iterations": _concat([_read_csv(p / "iterations.csv", ITERATION_COLUMNS) for p, _ in processes],
+        "iterations": _concat([_read_csv(p / "iterations.csv", ITERATION_COLUMNS) for p, *_ in processes],
                               ITERATION_COLUMNS),
-        "tensors": _concat([_read_csv(p / "tensors.csv", TENSOR_COLUMNS) for p, _ in processes],
+        "tensors": _concat([_read_csv(p / "tensors.csv", TENSOR_COLUMNS) for p, *_ in processes],
                            TENSOR_COLUMNS),
-        "summaries": pd.DataFrame(summaries, columns=["host", "role", "rank", *SUMMARY_FIELDS, "lag_ms_p99"]),
+        "summaries": pd.DataFrame([row for row in summaries if row],
+                                  columns=["host", "role", "rank", *SUMMARY_FIELDS, "lag_ms_p99"]),
         "ports": _read_csv(path / "ports.csv", PORT_COLUMNS),
         "port_rates": _read_csv(path / "port_rates.csv", PORT_RATE_COLUMNS),
         "cpu": _read_csv(path / "cpu.csv", CPU_COLUMNS),
         "queues": _read_csv(path / "queues.csv", QUEUE_COLUMNS),
         "drains": _read_csv(path / "drain.csv", DRAIN_COLUMNS),
         "sockets": _read_csv(path / "sockets.csv", SOCKET_COLUMNS),
-        "ovs": json.loads(ovs_path.read_text()) if ovs_path.exists() else {},
+        "ovs": _ovs_record(path / "ovs.json"),
+        "models": models if models and all(model is not None for model in models) else None,
     }
 
 
@@ -309,10 +556,8 @@ def _run_row(out: Path, run: Run, record: dict[str, Any], records: dict[str, pd.
         target_accuracy=config.job.target_accuracy, mtu=config.topology.mtu,
         transport=config.job.transport, link_bound_s=record.get("link_bound_s", math.nan),
         tail_comm_s=record.get("tail_comm_s", math.nan)))
-    models = [process_dir(out, run.run_id, host, "worker", rank) / "model.npz"
-              for rank, host in enumerate(config.worker_hosts)]
-    if all(path.is_file() for path in models):
-        row["replica_divergence"] = metrics.replica_divergence([dict(np.load(path)) for path in models])
+    if records["models"] is not None:
+        row["replica_divergence"] = metrics.replica_divergence(records["models"])
     start_s, end_s = metrics.training_window_s(iterations)
     row.update(fidelity.judge(records["cpu"], records["queues"], records["drains"], records["sockets"],
                               records["ovs"], records["port_rates"],
@@ -326,28 +571,41 @@ def _with_run_id(frame: pd.DataFrame, run_id: str) -> pd.DataFrame:
 
 def aggregate(out_dir: str | Path, say=lambda line: print(line, file=sys.stderr)) -> pd.DataFrame:
     """Write OUT/runs.csv, iterations.csv, tensors.csv, links.csv and queues.csv from the runs
-    recorded so far (those with a readable run.json), in spec order; return the runs table. A run
-    whose records cannot be read is listed without metrics, its data_gaps saying why, and `say`
-    reports it: one broken run never stops the aggregation."""
+    recorded so far (those with a run.json), in spec order; return the runs table. One damaged run
+    never stops the aggregation, and `say` reports it in one line: a run whose run.json is damaged
+    is not counted (--resume runs it again); one whose other records are damaged, or give no
+    metrics, is listed without metrics, its data_gaps saying why."""
     out = Path(out_dir)
-    spec = parse_spec(yaml.safe_load((out / "spec.yaml").read_text()))
+    spec = parse_spec(read_spec_document(out))
     axes = [axis.name for axis in spec.axes]
     rows, iterations, tensors, links, queues = [], [], [], [], []
     for run in spec.runs:
-        record = read_run_record(out, run.run_id)
+        try:
+            record = checked_run_record(out, run.run_id)
+        except Damaged as error:
+            say(f"aggregate: {run.run_id}: {error}; not counted as a run (--resume runs it again)")
+            continue
         if record is None:
             continue
         try:
-            records = read_run(out, run.run_id)
+            records = read_run(out, run)
+        except Damaged as error:
+            say(f"aggregate: {run.run_id}: its records cannot be read, left without metrics ({error})")
+            rows.append(_run_row(out, run, {**record, "status": "failed"}, {}, pd.DataFrame())
+                        | {"data_gaps": f"records unreadable: {error}"})
+            continue
+        try:
             run_links = metrics.link_utilization(records["ports"], records["port_rates"], records["queues"],
                                                  records["sockets"])
             row = _run_row(out, run, record, records, run_links)
             queue_totals = fidelity.run_deltas(records["queues"], ["switch", "port", "cs"],
                                                ["sent_pkts", "dropped_pkts"])
-        except (OSError, ValueError, KeyError, TypeError, pd.errors.ParserError) as error:
-            say(f"aggregate: {run.run_id}: its records cannot be read, left without metrics ({error})")
+        except (ValueError, TypeError, KeyError, IndexError, ArithmeticError) as error:
+            # Records of the right shape with values no run writes (an empty key, say).
+            why = one_line(f"{type(error).__name__}: {error}")
+            say(f"aggregate: {run.run_id}: its records give no metrics, left without metrics ({why})")
             rows.append(_run_row(out, run, {**record, "status": "failed"}, {}, pd.DataFrame())
-                        | {"data_gaps": f"records unreadable: {error}"})
+                        | {"data_gaps": f"metrics failed: {why}"})
             continue
         rows.append(row)
         iterations.append(_with_run_id(records["iterations"], run.run_id))
@@ -366,14 +624,30 @@ def aggregate(out_dir: str | Path, say=lambda line: print(line, file=sys.stderr)
     return runs
 
 
-def read_tables(out_dir: str | Path) -> dict[str, pd.DataFrame]:
-    """The aggregated CSVs (runs, iterations, tensors, links), each with the mode and the
-    scheme (the run_id without rep and mode) of its run: what plots and summaries group by."""
+# runs.csv's columns of numbers (the others are text, or the axes' labels).
+RUNS_NUMERIC = ["workers", *(column for column in metrics.METRIC_COLUMNS
+                             if column not in ("fidelity_ok", "fidelity_reason"))]
+
+
+def read_tables(out_dir: str | Path, say=lambda line: print(line, file=sys.stderr)) -> dict[str, pd.DataFrame]:
+    """The aggregated CSVs (runs, iterations, tensors, links, queues), each with the mode and the
+    scheme (the run_id without rep and mode) of its run: what plots and summaries group by.
+    A damaged runs.csv is Damaged (one line naming it); another damaged table reads as empty, and
+    `say` reports it."""
     out = Path(out_dir)
-    runs = pd.read_csv(out / "runs.csv", dtype={"fidelity_ok": "boolean"})
+    runs = _parse_csv(out / "runs.csv", runs_columns([]), RUNS_NUMERIC, dtype={"fidelity_ok": "boolean"})
+    if runs is None:
+        raise Damaged(out / "runs.csv", "missing: aggregate the results first")
     runs["scheme"] = runs["run_id"].map(scheme_of)
     labels = runs[["run_id", "mode", "scheme"]]
     tables = {"runs": runs}
-    for name in ("iterations", "tensors", "links", "queues"):
-        tables[name] = pd.read_csv(out / f"{name}.csv").merge(labels, on="run_id")
+    for name, columns in (("iterations", ITERATION_COLUMNS), ("tensors", TENSOR_COLUMNS),
+                          ("links", metrics.LINK_COLUMNS), ("queues", QUEUE_TOTAL_COLUMNS)):
+        try:
+            table = _parse_csv(out / f"{name}.csv", ["run_id", *columns])
+        except Damaged as error:
+            say(f"{error}; left out")
+            table = None
+        table = pd.DataFrame(columns=["run_id", *columns]) if table is None else table
+        tables[name] = table.merge(labels, on="run_id")
     return tables

@@ -3,7 +3,6 @@ the others, with the baseline and with the analytical lower bound; then notes on
 (low-fidelity) and failed runs."""
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from experiments import metrics
 from experiments.fidelity import (APP_LAG_P99_MS_LIMIT, CPU_LIMIT, LINK_RATE_MIN,
                                   OUTSIDE_DROPS_LIMIT, VSWITCHD_THREAD_LIMIT)
 from experiments.metrics import per_run
-from experiments.results import read_run_record, read_tables
+from experiments.results import Damaged, one_line, read_json_object, read_run_record, read_tables, real_folder
 from experiments.spec import Spec, load_spec
 from common.files import write_text
 
@@ -189,20 +188,31 @@ FABRIC_COLUMNS = ["first run", "hosts", "switches", "links", "servers", "crossin
                   "stop (s)", "ovs-vswitchd RSS (MB)", "machine memory idle (MB)", "machine memory peak (MB)"]
 
 
+def _cell(value: object) -> str:
+    """A table cell: one line, no column separator."""
+    return one_line(value, 60).replace("|", "/")
+
+
 def _fabrics(out: Path) -> list[str]:
     """A table of the fabrics the runs used (fabrics/*/fabric.json): size, servers and the links
-    between them, set-up times, memory."""
-    rows = []
+    between them, set-up times, memory; a line for each record that cannot be read."""
+    rows, damaged = [], []
     for path in sorted(out.glob("fabrics/*/fabric.json")):
-        record = json.loads(path.read_text())
-        record["servers"] = len(record.get("servers", {})) or "—"
-        rows.append([path.parent.name, *(str(record.get(key, "—")) for key in
-                                          ("hosts", "switches", "links", "servers", "crossing_links", "build_s",
-                                           "start_s", "stop_s", "vswitchd_rss_mb", "machine_used_mb",
-                                           "machine_peak_mb"))])
-    if not rows:
+        try:
+            record = read_json_object(real_folder(path.parent) / path.name)
+        except Damaged as error:
+            damaged.append(f"- {error}; left out")
+            continue
+        servers = record.get("servers")
+        record["servers"] = (len(servers) if isinstance(servers, (dict, list)) else 0) or "—"
+        rows.append([_cell(path.parent.name), *(_cell(record.get(key, "—")) for key in
+                                                 ("hosts", "switches", "links", "servers", "crossing_links", "build_s",
+                                                  "start_s", "stop_s", "vswitchd_rss_mb", "machine_used_mb",
+                                                  "machine_peak_mb"))])
+    if not rows and not damaged:
         return []
-    return ["## Fabrics", "", *_markdown(pd.DataFrame(rows, columns=FABRIC_COLUMNS)), ""]
+    table = _markdown(pd.DataFrame(rows, columns=FABRIC_COLUMNS)) if rows else []
+    return ["## Fabrics", "", *table, *([""] if rows and damaged else []), *damaged, ""]
 
 
 def write_summary(out_dir: str | Path) -> str:

@@ -121,8 +121,10 @@ def write_network_records(out: Path, run: Run, t0: float) -> None:
                                                    "datapath_drops": 0}))
 
 
-def make_results(out: Path) -> None:
-    spec = load_spec(FIXTURE_SPEC)
+def make_results(out: Path, overrides: list[str] = ()) -> None:
+    """The fixture's results (its spec with --set overrides) in the host apps', controller's and
+    runner's contracts."""
+    spec = load_spec(FIXTURE_SPEC, list(overrides))
     results.start_output(out, spec, resume=False)
     for run in spec.runs:
         t0 = START + 100 * run.index
@@ -287,7 +289,10 @@ def test_aggregation_reports_broken_runs_and_goes_on(broken):
     said = []
     runs = results.aggregate(broken, say=said.append).set_index("run_id")
     assert len(runs) == 7, "the unreadable run.json is not a run yet"
-    (line,) = said
+    interrupted = "scheme=baseline,mode=allreduce,rep=1"
+    record_line, line = said
+    assert record_line == (f"aggregate: {interrupted}: {results.run_dir(broken, interrupted) / 'run.json'}: empty; "
+                           "not counted as a run (--resume runs it again)")
     assert line.startswith("aggregate: scheme=spray,mode=allreduce,rep=1: its records cannot be read")
     assert "h1-worker0/iterations.csv: missing columns iteration, start_s" in line
     unreadable = runs.loc["scheme=spray,mode=allreduce,rep=1"]
