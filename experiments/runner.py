@@ -274,7 +274,7 @@ def run_once(fab: Fabric, out: Path, plan: RunPlan, rates: pd.DataFrame, stats_c
     processes: list[JobProcess] = []
     start_s = time.time()
     watch = ControllerWatch(fab, start_s)
-    job_number = secrets.randbits(31)  # in every host-app frame: a stray datagram of another run is not ours
+    tag = secrets.randbits(31)  # in every host-app frame: a stray datagram of another run is not ours
     error = ""
     try:
         try:
@@ -282,7 +282,7 @@ def run_once(fab: Fabric, out: Path, plan: RunPlan, rates: pd.DataFrame, stats_c
             with FabricSampler(path, switch_ports(fab)) as sampler:
                 progress.sampling(sampler)
                 layer_dscp = register_job(fab, plan, watch.jobs)
-                processes = launch_job(fab, out, plan, layer_dscp, job_number)
+                processes = launch_job(fab, out, plan, layer_dscp, tag)
                 schedule.start()
                 error = wait_job(processes, progress, watch.check)
         except (FabricError, OSError):
@@ -293,7 +293,7 @@ def run_once(fab: Fabric, out: Path, plan: RunPlan, rates: pd.DataFrame, stats_c
             schedule.stop()
             for process in processes:
                 kill_group(process.popen)
-                cluster.kill_remote(fab.host(process.host), rf"--job {job_number}( |$)")
+                cluster.kill_remote(fab.host(process.host), rf"--tag {tag}( |$)")
         watch.check(now=math.inf)  # the run's end: is the controller still there?
         if watch.jobs:
             unregister_job(fab, plan.job_id)
@@ -340,7 +340,7 @@ def unregister_job(fab: Fabric, job_id: str) -> None:
 
 
 def launch_job(fab: Fabric, out: Path, plan: RunPlan, layer_dscp: dict[int, int],
-               job_number: int) -> list[JobProcess]:
+               tag: int) -> list[JobProcess]:
     """The job's host apps, in the plan's order: parameter-server shards first so the workers find
     them listening."""
     # mlt senders mark each tensor's datagrams with its class themselves (TCP's are marked by the controller)
@@ -352,7 +352,7 @@ def launch_job(fab: Fabric, out: Path, plan: RunPlan, layer_dscp: dict[int, int]
         cluster.make_dir(fab.host(host), str(directory))
         stdout, stderr = directory / "stdout.log", directory / "stderr.log"
         with open(stdout, "w") as out_file, open(stderr, "w") as err_file:
-            cfg = dataclasses.replace(config, out=str(directory), job=job_number, layer_dscp=dscp)
+            cfg = dataclasses.replace(config, out=str(directory), tag=tag, layer_dscp=dscp)
             argv = [sys.executable, "-m", "hostapps", role, *process_arguments(cfg)]
             popen = fab.popen(host, argv, cwd=REPO, stdout=out_file, stderr=err_file)
         processes.append(JobProcess(directory.name, host, popen, stdout, stderr))

@@ -181,9 +181,6 @@ class ProcessConfig(Training):
                           lambda x: 0 < x <= MAX_TIMEOUT_S)
     tag: int = knob(0, f"an integer 0..{U32}: the job's number, in every frame it sends, so that jobs sharing "
                     "hosts never take each other's messages", lambda n: 0 <= n <= U32)
-    # The old name of --tag, still given by the experiment runner (which also finds a run's processes by
-    # `--job N` on their command lines); it goes when the runner gives --tag.
-    job: int | None = knob(None, f"an integer 0..{U32}, the old name of --tag", lambda n: 0 <= n <= U32)
     link_mbps: float = knob(100.0, f"Mbit/s > 0, at most {MAX_LINK_MBPS:.0f}: the host's link (mlt pacing, "
                             "profile timing)", lambda x: 0 < x <= MAX_LINK_MBPS)
     source_port: int = knob(0, "0 or a port 1024..65535 (tcp: the j-th peer this process dials is dialed from "
@@ -200,12 +197,6 @@ class ProcessConfig(Training):
     quiet_ms: float = knob(5.0, "milliseconds > 0, at most --timeout (mlt: silence after which a message "
                            "within the loss bound is complete)", lambda x: 0 < x <= 1000 * MAX_TIMEOUT_S)
     layer_dscp: Any = knob({}, "TENSOR:DSCP,... (mlt: the controller's class per tensor)", parse=parse_layer_dscp)
-
-    def __post_init__(self) -> None:
-        if self.job is not None:
-            if self.tag not in (0, self.job):
-                raise ConfigError("--job", f"{self.job} is not allowed (the old name of --tag, which says {self.tag})")
-            object.__setattr__(self, "tag", self.job)
 
     @property
     def world(self) -> int:

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from common.frames import DEFAULT_MTU, MAX_MTU, MIN_MTU
 from common.schema import knob, section
+from controller.options import ControllerOptions
 from controller.routing import LB_MODES
 from controller.scheduling import CLASS_POLICIES
 from experiments.spec.topology import host_names
@@ -66,10 +67,11 @@ class Topology:
 
 @dataclass(frozen=True)
 class Controller:
-    lb: str = knob("ecmp", choices=lambda: LB_MODES)
+    lb: str = knob(ControllerOptions.lb, choices=lambda: LB_MODES)
     sched: str = knob("fifo", choices=lambda: list(CLASS_POLICIES))
     stats_interval_s: float = knob(
-        1.0, "a period in seconds, 0.1..60: a run waits up to two periods for its last port statistics",
+        ControllerOptions.stats_interval,
+        "a period in seconds, 0.1..60: a run waits up to two periods for its last port statistics",
         lambda x: 0.1 <= x <= 60)
 
 

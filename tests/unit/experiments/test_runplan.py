@@ -28,7 +28,7 @@ def test_every_run_of_the_shipped_specs_plans(path):
 def test_a_planned_process_reads_its_command_line_back_as_it_was_planned():
     plan = plan_run(load_spec(REPO / "experiments" / "smoke.yaml", ["job.mode=ps"]).runs[0])
     for process in plan.processes:
-        launched = dataclasses.replace(process.config, out="/tmp/run", job=7, layer_dscp={0: 10})
+        launched = dataclasses.replace(process.config, out="/tmp/run", tag=7, layer_dscp={0: 10})
         assert config_from_args([process.role, *process_arguments(launched)]) == launched
 
 

@@ -1,11 +1,10 @@
 """The host-app command line: every bad number is one 'error: --FLAG: ...' line and exit status 2."""
-import re
 
 import pytest
 from hypothesis import given, strategies as st
 
 from hostapps.__main__ import main
-from hostapps.config import (ConfigError, ProcessConfig, build_parser, config_from_args, parse_addresses,
+from hostapps.config import (ConfigError, build_parser, config_from_args, parse_addresses,
                              parse_layer_dscp, process_arguments)
 
 BASE = ["worker", "--rank", "0", "--workers", "127.0.0.1:7101,127.0.0.1:7102"]
@@ -17,7 +16,6 @@ LINK = "Mbit/s > 0, at most 1000000: the host's link (mlt pacing, profile timing
 SCALE = "a fraction of the profile's tensor sizes in (0, 1]"
 TAG = ("an integer 0..4294967295: the job's number, in every frame it sends, so that jobs sharing hosts never take "
        "each other's messages")
-OLD_TAG = "an integer 0..4294967295, the old name of --tag"
 PIECES = "1024..1073741824, smaller pieces cost a message per 256 floats or fewer"
 FUSION = f"none, horovod, ddp or a bucket size in bytes as a string, {PIECES} (allreduce)"
 LAYER_DSCP = "is not TENSOR:DSCP with TENSOR 0..4294967295 and DSCP 0..63"
@@ -49,8 +47,6 @@ LAYER_DSCP = "is not TENSOR:DSCP with TENSOR 0..4294967295 and DSCP 0..63"
     (["--tag", "-1"], f"--tag: -1 is not allowed ({TAG})"),
     (["--tag", "4294967296"], f"--tag: 4294967296 is not allowed ({TAG})"),
     (["--tag", "nan"], f"--tag: nan is not allowed ({TAG})"),
-    (["--job", "4294967296"], f"--job: 4294967296 is not allowed ({OLD_TAG})"),
-    (["--tag", "3", "--job", "4"], "--job: 4 is not allowed (the old name of --tag, which says 3)"),
     (["--seed", "-1"], "--seed: -1 is not allowed (an integer 0..4294967295)"),
     (["--seed", "4294967296"], "--seed: 4294967296 is not allowed (an integer 0..4294967295)"),
     (["--eval-every", "-5"], "--eval-every: -5 is not allowed (an integer >= 0 (iterations; 0: only at the end))"),
@@ -135,14 +131,3 @@ def test_every_knob_is_a_flag():
     flags = {action.option_strings[0] for action in build_parser()._actions if action.option_strings}
     assert {"--model", "--width", "--send-order", "--credit-bytes", "--layer-dscp", "--timeout"} <= flags
     assert "--role" not in flags and "--policy" not in flags and "--profile" not in flags
-
-
-def test_the_old_name_of_the_tag_works_until_the_runner_gives_the_tag():
-    """The experiment runner builds ProcessConfig(job=N) and finds a run's processes by `--job N` on their
-    command lines: both hold until it gives tag=N."""
-    workers = [("127.0.0.1", 1)]
-    old = ProcessConfig(role="worker", rank=0, workers=workers, job=7)
-    argv = process_arguments(old)
-    assert old.tag == 7 and re.search(r"--job 7( |$)", " ".join(argv)) and config_from_args(["worker", *argv]).tag == 7
-    new = process_arguments(ProcessConfig(role="worker", rank=0, workers=workers, tag=7))
-    assert "--job" not in new and config_from_args(["worker", *new]).tag == 7
