@@ -1,4 +1,4 @@
-"""Command line: `python -m experiments run|validate|plan|plot ...` (see --help)."""
+"""Command line: `python -m experiments run|validate|plan|plot|aggregate ...` (see --help)."""
 from __future__ import annotations
 
 import argparse
@@ -17,10 +17,9 @@ LIVE_PORT = 8765
 
 def _import_runner():
     """experiments.runner.run_experiment (the network side: Mininet, OVS, Ryu, matplotlib), imported
-    with Ctrl-C held: an interrupt inside a C extension's initialisation (matplotlib's ft2font) made
-    the interpreter abort on exit (status -6) instead of stopping; held, it arrives right after.  A
-    signal mask on the main thread was not enough: numpy's BLAS threads, started by then, took the
-    signal for it (the CI's interrupt test aborted so once more)."""
+    with Ctrl-C held: an interrupt inside a C extension's initialisation (matplotlib's ft2font) aborts
+    the interpreter instead of stopping it, so the signal is delivered right after the imports. The
+    handlers hold it rather than a signal mask, which numpy's BLAS threads would not share."""
     with signals_deferred():
         from experiments.runner import run_experiment
     return run_experiment
@@ -52,6 +51,10 @@ def _parser() -> argparse.ArgumentParser:
 
     plot = commands.add_parser("plot", help="redraw the plots of a results directory from its CSVs")
     plot.add_argument("dir", type=Path, help="results directory (holding runs.csv)")
+
+    aggregate = commands.add_parser("aggregate", help="re-read a results directory's run folders into its "
+                                    "CSVs, summary.md and plots (a damaged run is named and left out)")
+    aggregate.add_argument("dir", type=Path, help="results directory (holding spec.yaml)")
     return parser
 
 
@@ -72,16 +75,30 @@ def run_list(spec: Spec) -> str:
     return "\n".join(lines)
 
 
+def redraw(command: str, out: Path) -> int:
+    """`plot` and `aggregate`: a damaged or missing runs.csv or spec.yaml is one line, status 2."""
+    from experiments.plots import plot_all  # pandas and matplotlib only here
+    from experiments.results import aggregate
+    from experiments.summary import write_summary
+    try:
+        if command == "aggregate":
+            aggregate(out)
+            write_summary(out)
+            print(out / "summary.md")
+        elif not (out / "runs.csv").exists():
+            raise ValueError(f"{out} has no runs.csv")
+        for path in plot_all(out):
+            print(path)
+    except (ValueError, OSError) as error:
+        print(f"{command}: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command == "plot":
-        if not (args.dir / "runs.csv").exists():
-            print(f"plot: {args.dir} has no runs.csv", file=sys.stderr)
-            return 2
-        from experiments.plots import plot_all  # matplotlib only when plotting
-        for path in plot_all(args.dir):
-            print(path)
-        return 0
+    if args.command in ("plot", "aggregate"):
+        return redraw(args.command, args.dir)
     try:
         spec = load_spec(args.spec, args.set)
         plans = dry_run(spec)  # what the runner will compute for each run, without a fabric
@@ -89,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         print(error, file=sys.stderr)
         return 2
     if args.command == "validate":
-        print(run_list(spec))
+        print(run_list(spec), flush=True)
         return 0
     if args.command == "plan":
         print(plan_text(spec.name, plans))

@@ -267,7 +267,10 @@ def run_once(fab: Fabric, out: Path, plan: RunPlan, rates: pd.DataFrame, stats_c
     run = plan.run
     path = run_dir(out, run.run_id)
     if path.exists():
-        shutil.rmtree(path)  # an interrupted or failed earlier attempt
+        if path.is_symlink():  # never followed: a link in a results folder is not ours to empty
+            path.unlink()
+        else:
+            shutil.rmtree(path)  # an interrupted or failed earlier attempt
     path.mkdir(parents=True)
     known_problems = len(fab.controller_problems())
     schedule = Schedule([])

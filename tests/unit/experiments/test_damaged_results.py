@@ -463,3 +463,18 @@ def test_random_damage_never_stops_the_aggregation_nor_the_summary(random_clean,
     assert _within(60, lambda: results.completed_run_ids(out, RANDOM_SPEC)) >= set(clean_rows) - damaged
     shutil.rmtree(out.parent)
 
+
+
+def test_the_aggregate_command_redraws_a_damaged_folder_and_refuses_one_without_spec(clean, tmp_path, capsys):
+    from experiments.__main__ import main
+    out = _copy(clean, tmp_path / "out")
+    _write_json(next(out.glob("runs/*/run.json")), [])
+    assert main(["aggregate", str(out)]) == 0
+    assert (out / "summary.md").exists() and str(out / "summary.md") in capsys.readouterr().out
+    (out / "spec.yaml").unlink()
+    assert main(["aggregate", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("aggregate: ") and error.count("\n") == 1, error
+    (out / "runs.csv").write_text("not,a\nruns table")
+    assert main(["plot", str(out)]) == 2
+    assert capsys.readouterr().err.startswith("plot: ")
