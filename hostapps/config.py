@@ -117,9 +117,11 @@ class Training:
         return resolve(self.send_order, self.mode)
 
 
-def check_training(job: Training, label: Callable[[str], str], error: type[SchemaError] = SchemaError) -> None:
+def check_training(job: Training, label: Callable[[str], str], error: type[SchemaError] = SchemaError,
+                   runs: bool = True) -> None:
     """The rules that span a job's knobs; `label` names a knob for the message (a spec's dotted path,
-    a command line's flag), `error` is the caller's error class."""
+    a command line's flag), `error` is the caller's error class. runs=False: a spec's base that
+    a matrix completes (its mode, say), where a knob may be set for the runs it matters in."""
     if job.loss_bound > 0 and job.transport != "mlt":
         raise error(label("loss_bound"), f"{job.loss_bound:g} is not allowed (0 with transport tcp (a loss bound "
                     f"needs the loss-tolerant transport: {label('transport')} mlt))")
@@ -141,6 +143,31 @@ def check_training(job: Training, label: Callable[[str], str], error: type[Schem
         right = [name for name, cls in SEND_ORDERS.items() if job.mode in cls.modes and name != "ready"]
         raise error(label("send_order"), f"{order!r} is not allowed (ready, best or {', '.join(right)} in "
                     f"{job.mode} mode)")
+    for name, why in inert_knobs(job) if runs else []:
+        value = getattr(job, name)
+        raise error(label(name), f"{value!r} is not allowed ({Training.__dataclass_fields__[name].default!r}"
+                    f" here: {why}, so it would change nothing)")
+
+
+def inert_knobs(job: Training) -> list[tuple[str, str]]:
+    """The knobs set away from their default that change nothing in this job, each with why: a
+    comparison that sets one would measure nothing under its name."""
+    order = job.order
+    inert = []
+    if job.fusion != "none" and (job.mode != "allreduce" or order in ("caramel", "bytescheduler")):
+        inert.append(("fusion", "fusion buckets are the all-reduce units of the ready, random and tictac "
+                      f"orders; {job.mode} mode with send order {order} " + (
+                          "has none" if job.mode != "allreduce" else "cuts its own")))
+    if job.partition_bytes != Training.partition_bytes and not (
+            job.mode == "allreduce" and order in ("caramel", "bytescheduler")):
+        inert.append(("partition_bytes", f"only caramel's and bytescheduler's all-reduce units use it, not "
+                      f"send order {order} in {job.mode} mode"))
+    if job.credit_bytes != Training.credit_bytes and not (job.mode == "allreduce" and order == "bytescheduler"):
+        inert.append(("credit_bytes", f"only bytescheduler's all-reduce uses it, not send order {order} in "
+                      f"{job.mode} mode"))
+    if job.ps_slice_bytes and job.mode != "ps":
+        inert.append(("ps_slice_bytes", "only a parameter server slices layers; an all-reduce job has none"))
+    return inert
 
 
 def parse_addresses(text: str) -> list[Address]:

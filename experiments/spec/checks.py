@@ -11,8 +11,10 @@ from hostapps.config import check_training
 from topologies.cluster import ClusterError, placement
 
 
-def check_config(config: RunConfig) -> None:
-    """The rules that span fields: the fabric fits, hosts exist, placements fit, faults name real links."""
+def check_config(config: RunConfig, runs: bool = True) -> None:
+    """The rules that span fields: the fabric fits, hosts exist, placements fit, faults name real links,
+    no knob is set that changes nothing. runs=False: the base of a spec whose matrix completes it,
+    checked but for knobs that change nothing (the matrix may set what makes them count)."""
     check_topology(config.topology)
     hosts = config.hosts
     job = config.job
@@ -40,7 +42,11 @@ def check_config(config: RunConfig) -> None:
     if job.iterations < 3:
         raise not_allowed("job.iterations", job.iterations, "at least 3: the first iteration is start-up, the "
                           "last drains the final round, the metrics need one between")
-    check_training(job, lambda name: f"job.{name}", SpecError)
+    check_training(job, lambda name: f"job.{name}", SpecError, runs)
+    if runs and config.controller.lb == "spray" and job.transport != "mlt":
+        raise not_allowed("controller.lb", "spray", f"ecmp or single with job.transport {job.transport}: a TCP "
+                          "connection keeps its 5-tuple, so spraying places it as ecmp does and would change "
+                          "nothing; spray with job.transport mlt")
     if job.spray != "adaptive" and config.controller.lb != "spray":
         raise not_allowed("job.spray", job.spray, "adaptive unless controller.lb spray: on a per-flow fabric mlt "
                           "sends each peer's datagrams from one source port, there is nothing to spray")
@@ -93,3 +99,27 @@ def get_field(config: Any, dotted: str) -> Any:
         config = getattr(config, part)
     return config
 
+
+
+def mechanisms(config: RunConfig) -> dict[str, Any]:
+    """The mechanisms a run switches on, each an independent axis of the testbed: the transport,
+    load balancing, the scheduling policy, the loss bound, drop marking, the send order with its
+    own units, and slicing (a parameter server's P3 slices)."""
+    job = config.job
+    order = job.order
+    units = {"caramel": job.partition_bytes, "bytescheduler": (job.partition_bytes, job.credit_bytes)}
+    return {
+        "transport": job.transport,
+        "load balancing": (config.controller.lb, job.spray),
+        "scheduling": config.controller.sched,
+        "loss bound": job.loss_bound,
+        "drop marking": job.drop_marking,
+        "send order": (order, units.get(order, job.fusion if job.mode == "allreduce" else None)),
+        "slicing": job.ps_slice_bytes,
+    }
+
+
+def changed_mechanisms(before: RunConfig, after: RunConfig) -> list[str]:
+    """The mechanisms that differ between two runs' configs."""
+    one, other = mechanisms(before), mechanisms(after)
+    return [name for name in one if one[name] != other[name]]

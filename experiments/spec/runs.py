@@ -13,7 +13,7 @@ from typing import Any
 
 from experiments.spec.checks import check_config
 from experiments.spec.errors import SpecError, build, not_allowed
-from experiments.spec.matrix import MAX_AXES, MAX_RUNS, Axis, parse_axis
+from experiments.spec.matrix import MAX_AXES, MAX_RUNS, Axis, parse_axis, parse_include, parse_selector
 from experiments.spec.overrides import apply_sets, set_dotted
 from experiments.spec.reading import read_document, shape_problem, value_parts
 from experiments.spec.schema import HEADER_KEYS, Controller, Header, Job, RunConfig, Topology
@@ -56,6 +56,14 @@ class Spec:
     base: RunConfig      # the spec without the matrix (after --set)
     axes: list[Axis]
     runs: list[Run]
+    # Each point's labels (in axis order) -> the labels of the point it is measured against (None
+    # for the baseline's points, and every point of a spec without a baseline).
+    references: dict[tuple[str, ...], tuple[str, ...] | None] = dataclasses.field(default_factory=dict)
+
+    def reference(self, axes: dict[str, str]) -> dict[str, str] | None:
+        """The axes of the point a point (axis -> label) is measured against, None if none."""
+        labels = self.references.get(tuple(axes[axis.name] for axis in self.axes))
+        return None if labels is None else dict(zip([axis.name for axis in self.axes], labels))
 
     @property
     def name(self) -> str:
@@ -72,6 +80,8 @@ class Spec:
             "name": self.header.name, "description": self.header.description,
             **dataclasses.asdict(self.base),
             "repetitions": self.header.repetitions, "matrix": copy.deepcopy(self.header.matrix),
+            "include": copy.deepcopy(self.header.include), "exclude": copy.deepcopy(self.header.exclude),
+            "confidence": self.header.confidence,
         }
 
 
@@ -85,13 +95,15 @@ def scheme_of(run_id: str) -> str:
     return ",".join(parts) or "base"
 
 
-def _resolve(document: dict, base: RunConfig | None = None, sections: set[str] = frozenset()) -> RunConfig:
+def _resolve(document: dict, base: RunConfig | None = None, sections: set[str] = frozenset(),
+             runs: bool = True) -> RunConfig:
     """The checked RunConfig of a document; with base, only its sections named in `sections` are
-    built (the others are base's, built from the same values)."""
+    built (the others are base's, built from the same values). runs: it is run as it is (not the
+    base of a matrix)."""
     config_document = {key: value for key, value in document.items()
                        if key not in HEADER_KEYS and (base is None or key in sections)}
     config = build(RunConfig, config_document, also_known=HEADER_KEYS, base=base)
-    check_config(config)
+    check_config(config, runs)
     return config
 
 
@@ -107,7 +119,7 @@ def parse_spec(document: Any, sets: list[str] = ()) -> Spec:
     header = build(Header, {key: document[key] for key in HEADER_KEYS if key in document})
     if len(header.matrix) > MAX_AXES:
         raise not_allowed("matrix", list(header.matrix), f"at most {MAX_AXES} axes")
-    base = _resolve(document)
+    base = _resolve(document, runs=not header.matrix)
     axes = [parse_axis(name, raw) for name, raw in header.matrix.items()]
     if sum(axis.baseline is not None for axis in axes) > 1:
         raise not_allowed("matrix", [axis.name for axis in axes if axis.baseline], "a baseline on one axis at most")
@@ -117,11 +129,18 @@ def parse_spec(document: Any, sets: list[str] = ()) -> Spec:
     if point_count * header.repetitions > MAX_RUNS:
         raise not_allowed("repetitions", header.repetitions, f"at most {MAX_RUNS // point_count} with the "
                           f"matrix's {point_count} points: at most {MAX_RUNS} runs in all")
-    points = itertools.product(*[list(axis.values) for axis in axes])
+    excluded = [parse_selector(f"exclude.{index}", raw, axes) for index, raw in enumerate(header.exclude)]
+    includes = [parse_include(f"include.{index}", raw, axes) for index, raw in enumerate(header.include)]
+    points = [dict(zip([axis.name for axis in axes], labels))
+              for labels in itertools.product(*[list(axis.values) for axis in axes])]
+    points = [point for point in points if not any(selector.matches(point) for selector in excluded)]
+    if not points:
+        raise not_allowed("exclude", header.exclude, "points that leave some to run")
     resolved = []
-    for labels in points:
-        point = dict(zip([axis.name for axis in axes], labels))
+    for point in points:
         overrides = [(str(key), value) for axis in axes for key, value in axis.values[point[axis.name]].items()]
+        overrides += [(key, value) for include in includes if include.where.matches(point)
+                      for key, value in include.overrides.items()]
         # Only the sections a point overrides are copied and validated again: a big background
         # list is checked once, not once per point.
         sections = {key.split(".")[0] for key, _ in overrides}
@@ -133,6 +152,7 @@ def parse_spec(document: Any, sets: list[str] = ()) -> Spec:
         except SpecError as error:
             point_name = ",".join(f"{axis}={label}" for axis, label in point.items())
             raise SpecError(error.path, f"{error.problem} (in run {point_name})") from None
+    references = _references(axes, resolved)
     # Repetitions outermost: each scheme is measured once before any is measured again,
     # so slow drift of the host affects every scheme alike. Seeds differ per repetition
     # and are equal across schemes, making repetitions paired comparisons.
@@ -146,7 +166,39 @@ def parse_spec(document: Any, sets: list[str] = ()) -> Spec:
         for point, config in resolved:
             job = dataclasses.replace(config.job, seed=config.job.seed + rep - 1)
             runs.append(Run(run_id(point, rep), len(runs), rep, point, dataclasses.replace(config, job=job)))
-    return Spec(header, base, axes, runs)
+    return Spec(header, base, axes, runs, references)
+
+
+def _references(axes: list[Axis], resolved: list[tuple[dict[str, str], RunConfig]]
+                ) -> dict[tuple[str, ...], tuple[str, ...] | None]:
+    """Each point's reference point (Axis.compare, else the baseline), stepping past excluded ones;
+    an explicit comparison of two points that run the same configuration is refused."""
+    configs = {tuple(point.values()): config for point, config in resolved}
+    axis = next((axis for axis in axes if axis.baseline is not None), None)
+    if axis is None:
+        return {labels: None for labels in configs}
+    at = [a.name for a in axes].index(axis.name)
+    references: dict[tuple[str, ...], tuple[str, ...] | None] = {}
+    for labels, config in configs.items():
+        step = label = labels[at]
+        while (step := axis.reference(step)) is not None:
+            other = labels[:at] + (step,) + labels[at + 1:]
+            if other in configs:
+                break
+        else:
+            if label != axis.baseline:
+                point = ",".join(f"{a.name}={value}" for a, value in zip(axes, labels))
+                raise not_allowed(f"matrix.{axis.name}.baseline", axis.baseline,
+                                  f"a label run wherever {label} is: nothing to measure {point} against")
+            references[labels] = None
+            continue
+        references[labels] = other
+        if label in axis.compare and configs[other] == config:
+            where = ",".join(f"{a.name}={value}" for a, value in zip(axes, labels) if a is not axis)
+            raise not_allowed(f"matrix.{axis.name}.compare.{label}", step,
+                              f"a label whose runs differ from {label}'s" + (f" (with {where})" if where else "")
+                              + ": the two run the same configuration, the step would change nothing")
+    return references
 
 
 def load_spec(path: str | Path, sets: list[str] = ()) -> Spec:

@@ -167,6 +167,11 @@ class Header:
     description: str = knob("", "text")
     repetitions: int = knob(1, f"an integer 1..{MAX_REPETITIONS}", lambda n: 1 <= n <= MAX_REPETITIONS)
     matrix: dict = knob({}, "a mapping of axis names to axes")
+    include: list = knob([], "a list of {where: {AXIS: LABEL or [LABELS], ...}, set: {dotted field: value, ...}}: "
+                         "overrides for the matrix points that match")
+    exclude: list = knob([], "a list of {AXIS: LABEL or [LABELS], ...}: matrix points not to run")
+    confidence: float = knob(0.95, "a level between 0 and 1 for every interval of the summary, e.g. 0.95",
+                             lambda x: 0 < x < 1)
     live: int | None = knob(None, "a port 1024..65535 of 127.0.0.1 for the live view of the running experiment "
                             "(experiments/live.py), or null", lambda port: port is None or 1024 <= port <= 65535)
 

@@ -46,7 +46,7 @@ def test_mlt_sends_from_one_port_unless_the_fabric_sprays():
     the seed as TCP's are; under lb spray they leave from a pool, a port per datagram."""
     runs = {run.run_id: run for run in load_spec(REPO / "experiments" / "headline.yaml").runs}
     ip = {host: f"10.0.0.{i + 1}" for i, host in enumerate(runs["scheme=baseline,mode=ps,rep=1"].config.hosts)}
-    lossbound = process_config(runs["scheme=lossbound,mode=ps,rep=1"], "worker", 0, ip)
-    assert lossbound.sport_range == 1 and lossbound.source_port == _process_ports(
+    per_flow = process_config(runs["scheme=mlt,mode=ps,rep=1"], "worker", 0, ip)
+    assert per_flow.sport_range == 1 and per_flow.source_port == _process_ports(
         runs["scheme=baseline,mode=ps,rep=1"])[1]
     assert process_config(runs["scheme=spray,mode=ps,rep=1"], "worker", 0, ip).sport_range > 1

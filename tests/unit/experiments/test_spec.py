@@ -112,7 +112,7 @@ MALFORMED = [
     ("repetitons: 3", "repetitons: unknown field (did you mean repetitions?)"),
     ("repetitions: 0", "repetitions: 0 is not allowed (an integer 1..100)"),
     ("flavour: x", "flavour: unknown field (allowed: topology, controller, cluster, job, background, faults, "
-                   "name, description, repetitions, matrix, live)"),
+                   "name, description, repetitions, matrix, include, exclude, confidence, live)"),
     ("matrix: {lb: {values: [ecmp, spray]}}",
      "matrix.lb.field: null is not allowed (the dotted field the scalar values set)"),
     ("matrix: {lb: {field: controller.lb, values: [ecmp, sprey]}}",
@@ -257,7 +257,8 @@ def test_spec_that_would_fail_at_run_time_is_rejected_naming_the_field(text, mes
     {"topology": {"spines": 32, "leaves": 32, "hosts_per_leaf": 1}, "job": {"batch": 64}},  # the most switches
     {"topology": {"kind": "fattree", "k": 6}, "job": {"batch": 54}},
     {"topology": {"host_bw": 0.8, "fabric_bw": 100000}},
-    {"job": {"fusion": "1024", "partition_bytes": 1024, "iterations": 10000, "batch": 4096, "seed": 4294967196}},
+    {"job": {"fusion": "1024", "iterations": 10000, "batch": 4096, "seed": 4294967196}},
+    {"job": {"send_order": "caramel", "partition_bytes": 1024}},
     {"job": {"mode": "ps", "ps_slice_bytes": 1024}, "repetitions": 100},
     {"background": [{"src": "h1", "dst": "h2", "rate_mbps": 0.001, "start_s": 86400, "duration_s": 86400}]},
 ])
@@ -273,8 +274,8 @@ def test_empty_spec_is_one_run_of_defaults():
     assert run.config.worker_hosts == ["h1", "h2", "h3", "h4"] and run.config.server_hosts == []
 
 
-SHIPPED_SPEC_RUNS = {"smoke": 2, "default": 18, "headline": 70, "headline_contended": 18, "loss_sweep": 12,
-                     "tictac": 24, "caramel": 9, "lossy_allreduce": 6, "scale": 6, "spraying": 18}
+SHIPPED_SPEC_RUNS = {"smoke": 2, "default": 24, "headline": 51, "ablation": 42, "headline_contended": 18,
+                     "loss_sweep": 12, "tictac": 24, "caramel": 9, "lossy_allreduce": 6, "scale": 6, "spraying": 24}
 
 
 @pytest.mark.parametrize("name,runs", SHIPPED_SPEC_RUNS.items())
@@ -288,11 +289,15 @@ def test_every_shipped_spec_is_checked():
     assert {path.stem for path in (REPO / "experiments").glob("*.yaml")} == set(SHIPPED_SPEC_RUNS)
 
 
-def test_default_spec_compares_schemes_against_ecmp_baseline():
+def test_default_spec_compares_load_balancing_with_the_transport_held():
     spec = load_spec(REPO / "experiments" / "default.yaml")
-    assert spec.baseline == ("scheme", "baseline")
-    lbs = {run.axes["scheme"]: run.controller.lb for run in spec.runs}
-    assert lbs == {"baseline": "ecmp", "spray": "spray", "single": "single"}
+    assert spec.baseline == ("scheme", "tcp-ecmp")
+    schemes = {run.axes["scheme"]: (run.job.transport, run.controller.lb) for run in spec.runs}
+    assert schemes == {"tcp-ecmp": ("tcp", "ecmp"), "mlt-ecmp": ("mlt", "ecmp"), "mlt-spray": ("mlt", "spray"),
+                       "mlt-single": ("mlt", "single")}
+    against = {run.axes["scheme"]: spec.reference(run.axes)["scheme"] for run in spec.runs
+               if spec.reference(run.axes)}
+    assert against == {"mlt-ecmp": "tcp-ecmp", "mlt-spray": "mlt-ecmp", "mlt-single": "mlt-ecmp"}
     ps_run = next(run for run in spec.runs if run.job.mode == "ps")
     assert ps_run.config.worker_hosts == ["h1", "h2", "h3"] and ps_run.config.server_hosts == ["h4"]
 
@@ -304,7 +309,7 @@ matrix:
   scheme:
     values:
       base: null
-      fast: {controller.lb: spray, job: {model: {width: 8}}}
+      fast: {controller.lb: single, job: {model: {width: 8}}}
     baseline: base
   mode: {field: job.mode, values: [allreduce, ps]}
 """
@@ -313,7 +318,9 @@ matrix:
 def test_ps_slice_bytes_defaults_to_whole_layers_and_is_taken_in_ps_mode():
     assert parse_spec({}).runs[0].job.ps_slice_bytes == 0
     assert parse_spec({"job": {"mode": "ps", "ps_slice_bytes": 4096}}).runs[0].job.ps_slice_bytes == 4096
-    assert parse_spec({"job": {"ps_slice_bytes": 4096}}).runs[0].job.ps_slice_bytes == 4096  # allreduce ignores it
+    with pytest.raises(SpecError, match=r"^spec error: job\.ps_slice_bytes: 4096 is not allowed \(0 here: only a "
+                                        r"parameter server slices layers"):
+        parse_spec({"job": {"ps_slice_bytes": 4096}})
 
 
 def test_matrix_expands_cartesian_product_with_repetitions_outermost():
@@ -328,7 +335,7 @@ def test_matrix_expands_cartesian_product_with_repetitions_outermost():
 def test_matrix_overrides_merge_into_sections_and_seeds_follow_repetition():
     runs = {run.run_id: run for run in parse_spec(yaml.safe_load(MATRIX_SPEC)).runs}
     fast = runs["scheme=fast,mode=ps,rep=2"]
-    assert fast.controller.lb == "spray" and fast.job.mode == "ps"
+    assert fast.controller.lb == "single" and fast.job.mode == "ps"
     assert fast.job.model.width == 8 and fast.job.model.depth == 2  # merged, not replaced
     assert runs["scheme=base,mode=ps,rep=2"].job.model.width == 64
     assert {run.job.seed for run in runs.values() if run.rep == 1} == {7}
@@ -387,7 +394,8 @@ def test_bad_set_is_a_spec_error(assignment, message):
 
 
 def test_matrix_value_wins_over_set():
-    spec = parse_spec({"matrix": {"lb": {"field": "controller.lb", "values": ["single"]}}}, ["controller.lb=spray"])
+    spec = parse_spec({"matrix": {"lb": {"field": "controller.lb", "values": ["single"]}}},
+                      ["controller.lb=spray", "job.transport=mlt"])
     assert spec.base.controller.lb == "spray" and spec.runs[0].controller.lb == "single"
 
 

@@ -1,0 +1,139 @@
+"""Comparisons that change one thing: knobs that change nothing are refused, the matrix's include,
+exclude and compare, and the shipped ablations' steps each differ from the one they are measured
+against in one mechanism."""
+import pytest
+import yaml
+
+from experiments.spec import SpecError, load_spec, parse_spec
+from experiments.spec.checks import changed_mechanisms
+from helpers import REPO
+
+SHIPPED = sorted((REPO / "experiments").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"controller": {"lb": "spray"}}, r"controller\.lb: 'spray' is not allowed \(ecmp or single with job\.transport "
+                                      r"tcp: a TCP connection keeps its 5-tuple"),
+    ({"job": {"fusion": "ddp", "send_order": "caramel"}}, r"job\.fusion: 'ddp' is not allowed \('none' here: "),
+    ({"job": {"mode": "ps", "fusion": "ddp"}}, r"job\.fusion: 'ddp' is not allowed"),
+    ({"job": {"partition_bytes": 196608}}, r"job\.partition_bytes: 196608 is not allowed \(65536 here: only "
+                                           r"caramel's and bytescheduler's"),
+    ({"job": {"mode": "ps", "send_order": "best", "partition_bytes": 196608}}, r"job\.partition_bytes"),
+    ({"job": {"send_order": "caramel", "credit_bytes": 1024}}, r"job\.credit_bytes: 1024 is not allowed"),
+    ({"job": {"ps_slice_bytes": 65536}}, r"job\.ps_slice_bytes: 65536 is not allowed \(0 here: only a parameter "
+                                         r"server slices layers"),
+])
+def test_a_knob_that_changes_nothing_is_refused_with_one_line(overrides, message):
+    with pytest.raises(SpecError, match=f"^spec error: {message}") as error:
+        parse_spec(overrides)
+    assert "\n" not in str(error.value) and "would change nothing" in str(error.value)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[path.stem for path in SHIPPED])
+def test_no_shipped_scheme_sets_a_knob_that_changes_nothing(path):
+    """Every run of every shipped spec validates with the refusals on, and each knob its point
+    sets away from the base changes a mechanism or the job (a control, the baseline again, sets
+    nothing)."""
+    spec = load_spec(path)
+    for run in spec.runs:
+        reference = spec.reference(run.axes)
+        if reference is None:
+            continue
+        other = next(r for r in spec.runs if r.rep == run.rep and r.axes == reference)
+        if run.config != other.config:
+            continue
+        assert run.axes[spec.baseline[0]] != reference[spec.baseline[0]]
+        assert not any(spec.header.matrix[spec.baseline[0]]["values"][run.axes[spec.baseline[0]]] or {}), \
+            f"{run.run_id} sets knobs and runs its reference's configuration"
+
+
+@pytest.mark.parametrize("name", ["headline", "ablation", "default", "spraying"])
+def test_each_step_differs_from_the_one_it_is_measured_against_in_one_mechanism(name):
+    spec = load_spec(REPO / "experiments" / f"{name}.yaml")
+    axis = spec.baseline[0]
+    steps = 0
+    for run in spec.runs:
+        reference = spec.reference(run.axes)
+        if reference is None or run.rep > 1 or run.axes[axis] == "control":
+            continue
+        other = next(r for r in spec.runs if r.rep == 1 and r.axes == reference)
+        changed = changed_mechanisms(other.config, run.config)
+        explicit = run.axes[axis] in next(a for a in spec.axes if a.name == axis).compare
+        if explicit or name != "ablation":
+            # An ablation's leave-one-out without the loss bound also leaves out drop marking, which needs it.
+            allowed = {("loss bound", "drop marking")} if name == "ablation" else set()
+            assert len(changed) == 1 or tuple(changed) in allowed, (run.run_id, changed)
+            steps += 1
+    assert steps >= 4
+
+
+LADDER = """
+repetitions: 2
+job: {transport: mlt}
+matrix:
+  scheme:
+    baseline: base
+    values:
+      base: {job.transport: tcp}
+      mlt: {}
+      spray: {controller.lb: spray}
+      sliced: {controller.lb: spray}
+    compare: {spray: mlt, sliced: spray}
+  mode: {field: job.mode, values: [allreduce, ps]}
+include:
+  - {where: {scheme: sliced, mode: ps}, set: {job.ps_slice_bytes: 65536}}
+exclude:
+  - {scheme: sliced, mode: allreduce}
+"""
+
+
+def test_include_exclude_and_compare_make_a_ladder():
+    spec = parse_spec(yaml.safe_load(LADDER))
+    points = {tuple(run.axes.values()) for run in spec.runs}
+    assert ("sliced", "allreduce") not in points and ("sliced", "ps") in points
+    sliced = next(run for run in spec.runs if run.axes == {"scheme": "sliced", "mode": "ps"})
+    assert sliced.job.ps_slice_bytes == 65536
+    assert spec.reference({"scheme": "sliced", "mode": "ps"}) == {"scheme": "spray", "mode": "ps"}
+    assert spec.reference({"scheme": "spray", "mode": "ps"}) == {"scheme": "mlt", "mode": "ps"}
+    assert spec.reference({"scheme": "mlt", "mode": "allreduce"}) == {"scheme": "base", "mode": "allreduce"}
+    assert spec.reference({"scheme": "base", "mode": "ps"}) is None
+    again = parse_spec(yaml.safe_load(yaml.safe_dump(spec.resolved_document(), sort_keys=False)))
+    assert again.runs == spec.runs and again.references == spec.references
+
+
+def test_a_step_whose_reference_is_excluded_is_measured_against_that_step_s_own():
+    document = yaml.safe_load(LADDER)
+    document["exclude"].append({"scheme": "spray", "mode": "ps"})
+    spec = parse_spec(document)
+    assert spec.reference({"scheme": "sliced", "mode": "ps"}) == {"scheme": "mlt", "mode": "ps"}
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda d: d["matrix"]["scheme"]["compare"].update(spray="sliced"),
+     r"matrix\.scheme\.compare: 'spray -> sliced -> spray' is not allowed \(comparisons that lead to the baseline"),
+    (lambda d: d["matrix"]["scheme"]["compare"].update(spray="nope"),
+     r"matrix\.scheme\.compare\.spray: 'nope' is not allowed \(another label of"),
+    (lambda d: d["matrix"]["scheme"]["compare"].update(base="mlt"),
+     r"matrix\.scheme\.compare: 'base' is not allowed \(a label of .* but the baseline base\)"),
+    (lambda d: d["include"].clear(),
+     r"matrix\.scheme\.compare\.sliced: 'spray' is not allowed \(a label whose runs differ from sliced's \(with "
+     r"mode=ps\): the two run the same configuration, the step would change nothing\)"),
+    (lambda d: d["exclude"].append({"scheme": "base"}),
+     r"matrix\.scheme\.baseline: 'base' is not allowed \(a label run wherever mlt is"),
+    (lambda d: d["exclude"].append({"schema": "base"}), r"exclude\.1\.schema: unknown field"),
+    (lambda d: d["exclude"].append({"scheme": "bass"}), r"exclude\.1\.scheme: 'bass' is not allowed \(a label of"),
+    (lambda d: d["exclude"].append({"mode": ["allreduce", "ps"]}),
+     r"exclude: .* is not allowed \(points that leave some to run\)"),
+    (lambda d: d["include"].append({"where": {"mode": "ps"}}), r"include\.1\.set: null is not allowed"),
+    (lambda d: d["include"].append({"where": {"mode": "ps"}, "set": {"repetitions": 3}}),
+     r"include\.1\.set: 'repetitions' is not allowed \(fields of "),
+    (lambda d: d.update(confidence=1), r"confidence: 1 is not allowed \(a level between 0 and 1"),
+    (lambda d: d.update(confidence=0), r"confidence: 0 is not allowed"),
+    (lambda d: d["matrix"]["scheme"].update(baseline="Base"), r"matrix\.scheme\.baseline: 'Base' is not allowed"),
+])
+def test_a_bad_ladder_is_refused_with_one_line(change, message):
+    document = yaml.safe_load(LADDER)
+    change(document)
+    with pytest.raises(SpecError, match=f"^spec error: {message}") as error:
+        parse_spec(document)
+    assert "\n" not in str(error.value)
