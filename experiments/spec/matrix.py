@@ -79,16 +79,21 @@ def _unknown(path: str, key: Any, known: list[str]) -> tuple[str, str]:
     return error.path, error.problem
 
 
+def _check_keys(path: str, raw: Any, known: list[str], allowed: str) -> None:
+    """raw is a mapping of known keys only."""
+    if not isinstance(raw, dict):
+        raise not_allowed(path, raw, allowed)
+    for key in raw:
+        if key not in known:
+            raise SpecError(*_unknown(path, key, known))
+
+
 def parse_axis(name: Any, raw: Any) -> Axis:
     path = f"matrix.{name}"
     if not isinstance(name, str) or not AXIS_NAME_PATTERN.fullmatch(name):
         raise not_allowed("matrix", name, "axis names of letters, digits and _, not starting with a digit")
-    known = ["field", "values", "baseline", "compare"]
-    if not isinstance(raw, dict):
-        raise not_allowed(path, raw, "a mapping with values and optionally field, baseline and compare")
-    for key in raw:
-        if key not in known:
-            raise SpecError(*_unknown(path, key, known))
+    _check_keys(path, raw, ["field", "values", "baseline", "compare"],
+                "a mapping with values and optionally field, baseline and compare")
     raw_values = raw.get("values")
     if isinstance(raw_values, list) and raw_values:
         field_name = raw.get("field")
@@ -170,12 +175,7 @@ def parse_selector(path: str, raw: Any, axes: list[Axis]) -> Selector:
 
 
 def parse_include(path: str, raw: Any, axes: list[Axis]) -> Include:
-    known = ["where", "set"]
-    if not isinstance(raw, dict):
-        raise not_allowed(path, raw, "a mapping with where and set")
-    for key in raw:
-        if key not in known:
-            raise SpecError(*_unknown(path, key, known))
+    _check_keys(path, raw, ["where", "set"], "a mapping with where and set")
     overrides = raw.get("set")
     if not isinstance(overrides, dict) or not overrides:
         raise not_allowed(f"{path}.set", overrides, "a mapping of dotted fields to values, e.g. "
