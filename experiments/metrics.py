@@ -205,16 +205,6 @@ def speedup_vs_baseline(runs: pd.DataFrame, axes: list[str], baseline_axis: str 
     return _baseline_value(runs, axes, baseline_axis, baseline_label, column) / runs[column]
 
 
-def accuracy_delta_vs_baseline(runs: pd.DataFrame, axes: list[str], baseline_axis: str | None,
-                               baseline_label: str | None) -> pd.Series:
-    """this run's final accuracy - the baseline's in the same repetition (same values on every other
-    axis; _baseline_value), as a fraction; NaN without a baseline."""
-    if baseline_axis is None:
-        return pd.Series(math.nan, index=runs.index)
-    column = "final_accuracy"
-    return runs[column] - _baseline_value(runs, axes, baseline_axis, baseline_label, column)
-
-
 def _received(tensors: pd.DataFrame) -> pd.DataFrame:
     """The receivers' rows: only they know how much of a message arrived (senders log 1)."""
     return tensors[tensors["direction"] == "recv"]

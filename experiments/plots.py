@@ -167,7 +167,46 @@ def link_utilization(tables: dict[str, pd.DataFrame], path: Path) -> Path | None
     return _save(figure, path)
 
 
+COMPARISON_STYLE = {"baseline": ("tab:blue", "against the baseline"),
+                    "step": ("tab:orange", "against the step it adds to")}
+
+
+def speedup(tables: dict[str, pd.DataFrame], path: Path) -> Path | None:
+    """Each scheme's speedup with its paired interval as whiskers, against the baseline and (in an
+    ablation) against the step it adds to; a line at 1 (no effect), and a hollow marker where the
+    interval holds it (not significant)."""
+    rows = tables["effects"]
+    rows = rows[(rows["metric"] == "speedup") & rows["estimate"].notna()]
+    if rows.empty:
+        return None
+    figure, panels = _panels(rows)
+    for ax, mode_rows in panels:
+        schemes = list(dict.fromkeys(mode_rows["scheme"]))
+        comparisons = [c for c in COMPARISON_STYLE if (mode_rows["comparison"] == c).any()]
+        for offset, comparison in zip(np.linspace(-0.15, 0.15, len(comparisons)), comparisons):
+            color, label = COMPARISON_STYLE[comparison]
+            chosen = mode_rows[mode_rows["comparison"] == comparison].set_index("scheme").reindex(schemes)
+            x = np.arange(len(schemes)) + offset
+            whiskers = np.vstack([(chosen["estimate"] - chosen["low"]).fillna(0),
+                                  (chosen["high"] - chosen["estimate"]).fillna(0)])
+            ax.errorbar(x, chosen["estimate"], yerr=whiskers, fmt="none", ecolor=color, capsize=4)
+            significant = chosen["significant"].fillna(False).astype(bool).to_numpy()
+            for chosen_points, style, text in ((significant, {"color": color}, label),
+                                               (~significant, {"facecolors": "white", "edgecolors": color},
+                                                f"{label}, not significant")):
+                if chosen_points.any():
+                    ax.scatter(x[chosen_points], chosen["estimate"][chosen_points], zorder=3, label=text, **style)
+        ax.axhline(1.0, color="black", linewidth=1)
+        ax.set_xticks(range(len(schemes)), [scheme.split("=", 1)[-1] for scheme in schemes], rotation=20,
+                      ha="right")
+        level = mode_rows["level"].iloc[0]
+        ax.set_ylabel(f"speedup (x), {level:.0%} interval")
+        ax.legend(fontsize=7)
+    return _save(figure, path)
+
+
 PLOTS: dict[str, Callable[[dict[str, pd.DataFrame], Path], Path | None]] = {
+    "speedup": speedup,
     "iteration_time": iteration_time,
     "accuracy": accuracy,
     "scaling": scaling,

@@ -43,6 +43,7 @@ from controller import stats as controller_stats
 from experiments import fidelity, metrics
 from experiments.sampler import CPU_COLUMNS, DRAIN_COLUMNS, QUEUE_COLUMNS, SOCKET_COLUMNS
 from experiments.columns import CONFIG_COLUMNS, runs_columns
+from experiments.effects import EFFECT_COLUMNS, EFFECT_NUMERIC, effects
 from experiments.spec import Run, Spec, get_field, parse_spec, scheme_of
 from hostapps import records
 from common.files import atomic_open, write_text
@@ -616,6 +617,7 @@ def aggregate(out_dir: str | Path, say=lambda line: print(line, file=sys.stderr)
     baseline_axis, baseline_label = spec.baseline or (None, None)
     runs["speedup_vs_baseline"] = metrics.speedup_vs_baseline(runs, axes, baseline_axis, baseline_label)
     write_csv(runs, out / "runs.csv")
+    write_csv(effects(runs, spec), out / "effects.csv")
     for name, frames, columns in (("iterations", iterations, ITERATION_COLUMNS),
                                   ("tensors", tensors, TENSOR_COLUMNS),
                                   ("links", links, metrics.LINK_COLUMNS),
@@ -630,8 +632,9 @@ RUNS_NUMERIC = ["workers", *(column for column in metrics.METRIC_COLUMNS
 
 
 def read_tables(out_dir: str | Path, say=lambda line: print(line, file=sys.stderr)) -> dict[str, pd.DataFrame]:
-    """The aggregated CSVs (runs, iterations, tensors, links, queues), each with the mode and the
-    scheme (the run_id without rep and mode) of its run: what plots and summaries group by.
+    """The aggregated CSVs (runs, iterations, tensors, links, queues, each with the mode and the
+    scheme (the run_id without rep and mode) of its run: what plots and summaries group by; and
+    effects, the schemes' effects with their intervals).
     A damaged runs.csv is Damaged (one line naming it); another damaged table reads as empty, and
     `say` reports it."""
     out = Path(out_dir)
@@ -650,4 +653,10 @@ def read_tables(out_dir: str | Path, say=lambda line: print(line, file=sys.stder
             table = None
         table = pd.DataFrame(columns=["run_id", *columns]) if table is None else table
         tables[name] = table.merge(labels, on="run_id")
+    try:
+        found = _parse_csv(out / "effects.csv", EFFECT_COLUMNS, EFFECT_NUMERIC)
+    except Damaged as error:
+        say(f"{error}; left out")
+        found = None
+    tables["effects"] = pd.DataFrame(columns=EFFECT_COLUMNS) if found is None else found
     return tables

@@ -1,6 +1,7 @@
-"""summary.md: a legend of its columns; per training mode, one row per scheme comparing it with
-the others, with the baseline and with the analytical lower bound; then notes on saturated
-(low-fidelity) and failed runs."""
+"""summary.md: first, in words, which effects were significant and which were not; a legend of the
+columns; per training mode, one row per scheme comparing it with the others, with the baseline
+(and with the step it adds to, in an ablation), each effect with its paired interval, and with the
+analytical lower bound; then notes on saturated (low-fidelity) and failed runs."""
 from __future__ import annotations
 
 import math
@@ -11,12 +12,13 @@ import pandas as pd
 from experiments import metrics
 from experiments.fidelity import (APP_LAG_P99_MS_LIMIT, CPU_LIMIT, LINK_RATE_MIN,
                                   OUTSIDE_DROPS_LIMIT, VSWITCHD_THREAD_LIMIT)
+from experiments.effects import describe
 from experiments.metrics import per_run
 from experiments.results import Damaged, one_line, read_json_object, read_run_record, read_tables, real_folder
 from experiments.spec import Spec, load_spec
 from common.files import write_text
 
-COLUMNS = ["scheme", "iter time (s)", "speedup", "samples/s", "final acc", "acc delta", "time-to-acc (s)",
+COLUMNS = ["scheme", "iter time (s)", "speedup", "step", "samples/s", "final acc", "acc delta", "time-to-acc (s)",
            "p99 tensor (ms)", "delivered fraction", "uplink imbalance", "lower bound (s)", "tight bound (s)",
            "overlap E", "straggler (ms)", "fidelity"]
 
@@ -25,13 +27,17 @@ LEGEND = [
     "iter time: each run's mean interval between the last worker's completions of consecutive "
     "iterations (neither the first iteration, start-up, nor the last, which drains its own "
     "communication); mean ± std over repetitions.",
-    "speedup: the baseline's mean iteration time in the same repetition (same mode and other axes, "
-    "same seed: same data order and, with per-flow ECMP, the same placement of the TCP flows on the "
-    "spines) / the run's; mean ± std over repetitions.",
+    "speedup: the baseline's iteration time over the scheme's, paired by repetition (same mode and "
+    "other axes, same seed: same data order and, with per-flow ECMP, the same placement of the same "
+    "flows): the geometric mean of the pairs' ratios and its paired Student-t interval on the log "
+    "scale at the spec's confidence (experiments/statistics.py); n.s. where the interval holds 1 "
+    "(not significant); a run that failed or failed the fidelity guard leaves its pair out.",
+    "step: in an ablation, the same against the step the scheme adds to (the spec's compare), with "
+    "that step's name.",
     "samples/s: global batch / mean iteration time.",
     "final acc: the workers' mean test accuracy after the last iteration.",
     "acc delta: final acc minus the baseline's (same mode and other axes, same repetition), in "
-    "percentage points.",
+    "percentage points: the mean difference and its paired t interval; n.s. where it holds 0.",
     "time-to-acc: seconds from the first iteration's start until a worker first reaches the "
     "target accuracy; how many repetitions reached it when not all did.",
     "p99 tensor: 99th percentile of single tensor transfer times, the tail tensor-transfer time.",
@@ -98,26 +104,47 @@ def _mean_spread(values: pd.Series) -> str:
     return _number(values.mean()) + spread
 
 
-def _points(delta: float) -> str:
-    """An accuracy difference (a fraction) in signed percentage points."""
-    return "—" if pd.isna(delta) else f"{round(delta * 100, 1) + 0.0:+.1f} pt"  # + 0.0: no "-0.0"
-
-
 def _delivered(means: pd.Series, minimums: pd.Series) -> str:
     if means.isna().all():
         return "—"
     return f"{_number(means.mean(), 4)} (min {_number(minimums.min(), 4)})"
 
 
-def _accuracy_delta(runs: pd.DataFrame, spec: Spec) -> pd.Series:
-    """Per run, its final accuracy minus the baseline's. The axis labels come from the spec:
-    runs.csv's axis columns lose their spelling when they look numeric."""
-    names = [axis.name for axis in spec.axes]
-    axes = {run.run_id: run.axes for run in spec.runs}
-    labelled = pd.DataFrame([axes[run_id] for run_id in runs["run_id"]], index=runs.index, columns=names)
-    labelled["final_accuracy"], labelled["rep"] = runs["final_accuracy"], runs["rep"]
-    baseline_axis, baseline_label = spec.baseline or (None, None)
-    return metrics.accuracy_delta_vs_baseline(labelled, names, baseline_axis, baseline_label)
+def _scheme_name(scheme: str) -> str:
+    """A scheme as the words name it: its label on a single axis, its axes otherwise."""
+    return scheme.split("=", 1)[1] if scheme.count("=") == 1 else scheme
+
+
+def _effect(effects: pd.DataFrame, mode: str, scheme: str, comparison: str, metric: str) -> str:
+    """One effect's cell: estimate [interval], n.s. where not significant; a step names its step."""
+    rows = effects[(effects["mode"] == mode) & (effects["scheme"] == scheme)
+                   & (effects["comparison"] == comparison) & (effects["metric"] == metric)]
+    if rows.empty:
+        return "—"
+    row = rows.iloc[0]
+    text = describe(row) + (" n.s." if row["verdict"] == "not significant" else "")
+    return f"vs {_scheme_name(row['against'])}: {text}" if comparison == "step" else text
+
+
+def in_words(effects: pd.DataFrame, level: float) -> list[str]:
+    """The summary's first lines: per mode, the speedups that were significant and those that were not."""
+    speedups = effects[effects["metric"] == "speedup"]
+    if speedups.empty:
+        return []
+    lines = [f"Speedups at {level:.0%} confidence, paired by repetition (a scheme against the baseline, a "
+             "step against the step it adds to):", ""]
+    for mode, rows in speedups.groupby("mode", sort=False):
+        parts = {"significant": [], "not significant": [], "not judged": []}
+        for row in rows.itertuples(index=False):
+            verdict = row.verdict if row.verdict in parts else "not judged"
+            faster = "faster" if row.estimate > 1 else "slower"
+            parts[verdict].append(f"{_scheme_name(row.scheme)} vs {_scheme_name(row.against)} "
+                                  f"{describe(pd.Series(row._asdict()))}"
+                                  + (f" ({faster})" if verdict == "significant" else ""))
+        for verdict, items in parts.items():
+            if items:
+                lines.append(f"- {mode}, {verdict}: " + "; ".join(items) + ".")
+    return lines + [""]
 
 
 def scheme_rows(tables: dict[str, pd.DataFrame], spec: Spec) -> dict[str, pd.DataFrame]:
@@ -125,7 +152,7 @@ def scheme_rows(tables: dict[str, pd.DataFrame], spec: Spec) -> dict[str, pd.Dat
     Failed runs have no metrics and only show in the notes."""
     runs = tables["runs"].copy()
     tensors = tables["tensors"]
-    runs["accuracy_delta"] = _accuracy_delta(runs, spec)
+    effects = tables["effects"]
     runs["tensor_p99_ms"] = runs["run_id"].map(per_run(tensors, metrics.tensor_time_p99_s) * 1000)
     runs["delivered"] = runs["run_id"].map(per_run(tensors, metrics.delivered_fraction))
     runs["delivered_min"] = runs["run_id"].map(per_run(tensors, metrics.min_delivered_fraction))
@@ -135,9 +162,11 @@ def scheme_rows(tables: dict[str, pd.DataFrame], spec: Spec) -> dict[str, pd.Dat
         for scheme, all_reps in mode_runs.groupby("scheme", sort=False):
             group = all_reps.dropna(subset=["iter_time_mean_s"])
             rows.append([
-                scheme, _mean_spread(group["iter_time_mean_s"]), _mean_spread(group["speedup_vs_baseline"]),
+                scheme, _mean_spread(group["iter_time_mean_s"]),
+                _effect(effects, str(mode), scheme, "baseline", "speedup"),
+                _effect(effects, str(mode), scheme, "step", "speedup"),
                 _number(group["samples_per_s"].mean(), 4), _number(group["final_accuracy"].mean()),
-                _points(group["accuracy_delta"].mean()),
+                _effect(effects, str(mode), scheme, "baseline", "accuracy_delta_pt"),
                 _time_to_accuracy(group["time_to_accuracy_s"], group["final_accuracy"]),
                 _number(group["tensor_p99_ms"].mean()), _delivered(group["delivered"], group["delivered_min"]),
                 _number(group["uplink_imbalance"].mean()), _number(group["lower_bound_s"].mean()),
@@ -160,7 +189,7 @@ def render(out_dir: str | Path) -> str:
     runs = tables["runs"]
     baseline = ("compared with the baseline {}={}".format(*spec.baseline) if spec.baseline
                 else "the spec marks no baseline, so speedup and acc delta are —")
-    lines = ["# Experiment summary", "",
+    lines = ["# Experiment summary", "", *in_words(tables["effects"], spec.header.confidence),
              f"Per training mode, one row per scheme, repetitions averaged; {baseline}.", "",
              *[f"- {line}" for line in LEGEND], ""]
     for mode, table in scheme_rows(tables, spec).items():

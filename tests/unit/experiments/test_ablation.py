@@ -1,10 +1,13 @@
 """Comparisons that change one thing: knobs that change nothing are refused, the matrix's include,
 exclude and compare, and the shipped ablations' steps each differ from the one they are measured
 against in one mechanism."""
+import pandas as pd
 import pytest
 import yaml
 
+from experiments.effects import effects
 from experiments.spec import SpecError, load_spec, parse_spec
+from experiments.summary import in_words
 from experiments.spec.checks import changed_mechanisms
 from helpers import REPO
 
@@ -137,3 +140,37 @@ def test_a_bad_ladder_is_refused_with_one_line(change, message):
     with pytest.raises(SpecError, match=f"^spec error: {message}") as error:
         parse_spec(document)
     assert "\n" not in str(error.value)
+
+
+def _runs(spec, times: dict[str, list[float]]) -> pd.DataFrame:
+    """A runs table: each scheme's iteration time per repetition (both modes alike)."""
+    rows = [{"run_id": run.run_id, "iter_time_mean_s": times[run.axes["scheme"]][run.rep - 1],
+             "final_accuracy": 0.9, "fidelity_ok": True} for run in spec.runs]
+    return pd.DataFrame(rows)
+
+
+def test_effects_give_each_step_its_interval_and_the_summary_says_it_in_words():
+    spec = parse_spec(yaml.safe_load(LADDER))
+    runs = _runs(spec, {"base": [2.0, 2.4], "mlt": [1.9, 2.3], "spray": [1.0, 1.2], "sliced": [0.99, 1.21]})
+    table = effects(runs, spec)
+    spray = table[(table["scheme"] == "scheme=spray") & (table["metric"] == "speedup")
+                  & (table["mode"] == "ps")].set_index("comparison")
+    assert spray.loc["baseline", "against"] == "scheme=base" and spray.loc["step", "against"] == "scheme=mlt"
+    assert spray.loc["step", "estimate"] == pytest.approx(1.9, rel=0.01) and spray.loc["step", "significant"]
+    sliced = table[(table["scheme"] == "scheme=sliced") & (table["comparison"] == "step")
+                   & (table["metric"] == "speedup")]
+    assert list(sliced["mode"]) == ["ps"] and sliced.iloc[0]["verdict"] == "not significant"
+    lines = in_words(table, spec.header.confidence)
+    assert lines[0].startswith("Speedups at 95% confidence, paired by repetition")
+    ps = [line for line in lines if line.startswith("- ps, ")]
+    assert ps[0].startswith("- ps, significant: spray vs base 2x [") and "spray vs mlt 1.91x [1.81, 2.02]" in ps[0]
+    assert ps[1].startswith("- ps, not significant: mlt vs base 1.05x [") and "sliced vs spray 1x [" in ps[1]
+
+
+def test_a_run_that_failed_the_guard_leaves_its_pair_out():
+    spec = parse_spec(yaml.safe_load(LADDER))
+    runs = _runs(spec, {"base": [2.0, 2.4], "mlt": [1.9, 2.3], "spray": [1.0, 1.2], "sliced": [0.99, 1.21]})
+    runs.loc[runs["run_id"] == "scheme=base,mode=ps,rep=2", "fidelity_ok"] = False
+    table = effects(runs, spec)
+    mlt = table[(table["scheme"] == "scheme=mlt") & (table["mode"] == "ps") & (table["metric"] == "speedup")]
+    assert mlt.iloc[0]["pairs"] == 1 and mlt.iloc[0]["verdict"] == "not judged (one repetition)"

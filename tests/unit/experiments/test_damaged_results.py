@@ -341,7 +341,7 @@ def test_plots_skip_a_damaged_table_and_a_scheme_without_fabric_ports(clean, tmp
     links.loc[links["run_id"] == RUN, "tier"] = "host"
     links.to_csv(out / "links.csv", index=False)
     assert sorted(path.name for path in plot_all(out)) == ["accuracy.png", "iteration_time.png",
-                                                           "link_utilization.png"]
+                                                           "link_utilization.png", "speedup.png"]
 
 
 # ------------------------------------------------------------------------------ random damage

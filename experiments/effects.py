@@ -1,0 +1,81 @@
+"""effects.csv: every scheme's effect with its paired confidence interval, against the baseline and,
+where the spec's matrix says so (`compare`), against the step it adds to: the speedup (iteration
+times, experiments/statistics.py `paired_ratio`) and the change of final accuracy (percentage
+points, `paired_difference`). Pairs are the repetitions: repetition r of a scheme with repetition
+r of the one it is measured against, the same other axes (the mode). A run that failed or failed
+the fidelity guard leaves its pair out: its times measure the machine, not the network.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from experiments.spec import Spec
+from experiments.statistics import Effect, paired_difference, paired_ratio
+
+EFFECT_COLUMNS = ["mode", "scheme", "against", "comparison", "metric", "estimate", "low", "high", "pairs",
+                  "level", "significant", "verdict"]
+EFFECT_NUMERIC = ["estimate", "low", "high", "pairs", "level"]
+
+
+def _scheme(axes: dict[str, str]) -> str:
+    """A point's scheme, as scheme_of names it from a run_id (its axes but the mode)."""
+    return ",".join(f"{name}={label}" for name, label in axes.items() if name != "mode") or "base"
+
+
+def _row(mode: str, scheme: str, against: str, comparison: str, metric: str, effect: Effect) -> dict:
+    return {"mode": mode, "scheme": scheme, "against": against, "comparison": comparison, "metric": metric,
+            "estimate": effect.estimate, "low": effect.low, "high": effect.high, "pairs": effect.pairs,
+            "level": effect.level, "significant": effect.significant, "verdict": effect.verdict()}
+
+
+def effects(runs: pd.DataFrame, spec: Spec) -> pd.DataFrame:
+    """The effects table of a results folder's runs table (one row per run, as runs.csv)."""
+    if spec.baseline is None or runs.empty:
+        return pd.DataFrame(columns=EFFECT_COLUMNS)
+    axis, baseline = spec.baseline
+    trusted = runs[runs["fidelity_ok"].ne(False)]  # a failed run has no times: its pair drops out too
+    values = trusted.set_index("run_id")[["iter_time_mean_s", "final_accuracy"]]
+    reps = sorted({run.rep for run in spec.runs})
+    points: dict[tuple, dict[str, str]] = {}
+    for run in spec.runs:
+        points.setdefault(tuple(run.axes.values()), run.axes)
+
+    def series(axes: dict[str, str], column: str) -> list[float]:
+        ids = [next(r.run_id for r in spec.runs if r.axes == axes and r.rep == rep) for rep in reps]
+        return [values[column].get(run_id, float("nan")) for run_id in ids]
+
+    rows = []
+    for axes in points.values():
+        if axes[axis] == baseline:
+            continue
+        mode = axes.get("mode") or next(run.job.mode for run in spec.runs if run.axes == axes)
+        against = {"baseline": {**axes, axis: baseline}, "step": spec.reference(axes)}
+        if against["step"] == against["baseline"]:
+            del against["step"]
+        for comparison, other in against.items():
+            if other is None or tuple(other.values()) not in points:
+                continue
+            scheme, other_scheme = _scheme(axes), _scheme(other)
+            rows.append(_row(mode, scheme, other_scheme, comparison, "speedup",
+                             paired_ratio(series(other, "iter_time_mean_s"), series(axes, "iter_time_mean_s"),
+                                          spec.header.confidence)))
+            rows.append(_row(mode, scheme, other_scheme, comparison, "accuracy_delta_pt",
+                             _in_points(paired_difference(series(other, "final_accuracy"),
+                                                          series(axes, "final_accuracy"), spec.header.confidence))))
+    return pd.DataFrame(rows, columns=EFFECT_COLUMNS)
+
+
+def _in_points(effect: Effect) -> Effect:
+    """An accuracy difference (fractions) in percentage points."""
+    return Effect(effect.estimate * 100, effect.low * 100, effect.high * 100, effect.pairs, effect.level, 0.0)
+
+
+def describe(effect: pd.Series) -> str:
+    """One effect in words, e.g. '1.83x [1.74, 1.92]' or '+0.4 pt [-0.2, +1.0]'."""
+    if pd.isna(effect["estimate"]):
+        return "—"
+    if effect["metric"] == "speedup":
+        interval = "" if pd.isna(effect["low"]) else f" [{effect['low']:.3g}, {effect['high']:.3g}]"
+        return f"{effect['estimate']:.3g}x{interval}"
+    interval = "" if pd.isna(effect["low"]) else f" [{effect['low']:+.1f}, {effect['high']:+.1f}]"
+    return f"{effect['estimate']:+.1f} pt{interval}"
