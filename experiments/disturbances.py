@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from experiments.runplan import IPERF_PORT
 from experiments.source_ports import run_source_ports
 from experiments.spec import FLOW_PORTS, Fault, Flow, RunConfig
 from common.owner import OWNER_KEY
 from emulation.fabric import Fabric, kill_group
 from topologies.shaping import htb_classes
 
-IPERF_PORT = 5201  # flow i's iperf3 servers listen on IPERF_PORT + FLOW_PORTS*i + source index
 NFT_TABLE = "dnntb"  # + the interface name: one nftables table per interface with loss
 # A link has one such table, one HTB rate and one carrier: the spec refuses two faults of one kind on
 # one link at once (experiments/spec/checks.py), the end of one would end the other's condition.

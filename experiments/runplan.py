@@ -21,7 +21,8 @@ from common.schema import SchemaError
 from controller.scheduling import describe_job, parse_job
 from experiments import traffic
 from experiments.source_ports import run_source_ports
-from experiments.spec import Job, Run, Spec, SpecError, Topology, layout_of, not_allowed
+from experiments.spec import FLOW_PORTS, Job, Run, Spec, SpecError, Topology, layout_of, not_allowed
+from hostapps.assembly import peers_to_connect
 from hostapps.config import ConfigError, Model, ProcessConfig, Training, build_model, config_from_args, \
     layer_times_s, process_arguments
 from hostapps.mlt import payload_for_mtu
@@ -29,6 +30,7 @@ from topologies.cluster import LOCAL, placement
 
 WORKER_PORT = 7000
 SERVER_PORT = 7100
+IPERF_PORT = 5201  # background flow i's iperf3 servers listen on IPERF_PORT + FLOW_PORTS*i + source index
 PEER_TIMEOUT_S = 30.0   # host apps fail when a peer stays silent this long
 # The controller the runner starts with each fabric listens on 127.0.0.1 (OpenFlow, REST).
 OPENFLOW_PORT = 6653
@@ -109,6 +111,52 @@ def processes(run: Run) -> list[Process]:
     roles = [("server", rank, host) for rank, host in enumerate(config.server_hosts)]
     roles += [("worker", rank, host) for rank, host in enumerate(config.worker_hosts)]
     return [Process(role, rank, host, process_config(run, role, rank, ip)) for role, rank, host in roles]
+
+
+class DataFlow(NamedTuple):
+    """A 5-tuple that carries a run's bulk bytes, from the host `src` to `dst`: its per-flow ECMP
+    placement is what a seed decides (experiments/source_ports.py)."""
+    what: str    # e.g. "worker0->worker1", "flow0 h4->h7"
+    src: str     # host names
+    dst: str
+    proto: str   # tcp or udp
+    sport: int
+    dport: int
+
+
+def data_flows(run: Run) -> list[DataFlow]:
+    """The run's flows that per-flow ECMP places: each TCP connection of the job both ways (a
+    process dials its j-th peer from its source port + j), mlt's datagrams to each peer from the
+    process's one source port (under lb ecmp or single; a sprayed datagram takes a port of its
+    own), and each TCP background flow from its client's port to its iperf3 server. Flows left to
+    ephemeral ports (source port 0) are not placed by the seed and are left out."""
+    ip = host_ips(run)
+    host_of = {address: host for host, address in ip.items()}
+    flows = []
+    for process in processes(run):
+        cfg = process.config
+        name = f"{process.role}{process.rank}"
+        dial, accept = peers_to_connect(cfg)
+        if cfg.transport == "tcp" and cfg.source_port:
+            for j, (peer, (peer_ip, port)) in enumerate(dial.items()):
+                other = f"{peer.role}{peer.rank}"
+                flows.append(DataFlow(f"{name}->{other}", process.host, host_of[peer_ip], "tcp",
+                                      cfg.source_port + j, port))
+                flows.append(DataFlow(f"{other}->{name}", host_of[peer_ip], process.host, "tcp", port,
+                                      cfg.source_port + j))
+        elif cfg.transport == "mlt" and cfg.sport_range == 1 and cfg.source_port:
+            for peer, (peer_ip, port) in {**dial, **accept}.items():
+                flows.append(DataFlow(f"{name}->{peer.role}{peer.rank}", process.host, host_of[peer_ip], "udp",
+                                      cfg.source_port, port))
+    _, clients = run_source_ports(run.config)
+    client_ports = iter(clients)
+    for index, flow in enumerate(run.config.background):
+        for source_index, source in enumerate([flow.src] if isinstance(flow.src, str) else flow.src):
+            client_port = next(client_ports)
+            if flow.proto == "tcp" and client_port:
+                flows.append(DataFlow(f"flow{index} {source}->{flow.dst}", source, flow.dst, "tcp", client_port,
+                                      IPERF_PORT + FLOW_PORTS * index + source_index))
+    return flows
 
 
 def layer_table(run: Run) -> list[dict]:

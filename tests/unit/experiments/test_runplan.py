@@ -107,3 +107,26 @@ def test_the_memory_a_job_needs_counts_each_server_of_a_cluster_apart(monkeypatc
 
 def test_the_machine_memory_is_read():
     assert runplan.machine_memory_bytes() > 2**30
+
+
+def test_data_flows_are_the_seeded_5_tuples_of_the_job_and_its_bulk_flows():
+    runs = {run.run_id: run for run in load_spec(REPO / "experiments" / "headline.yaml").runs}
+    tcp = runplan.data_flows(runs["scheme=baseline,mode=allreduce,rep=1"])
+    plan = runplan.processes(runs["scheme=baseline,mode=allreduce,rep=1"])
+    first = plan[0].config.source_port
+    # worker0 dials its ring neighbours of higher rank, the j-th from its source port + j, both ways
+    assert tcp[:2] == [runplan.DataFlow("worker0->worker1", "h1", "h2", "tcp", first, runplan.WORKER_PORT),
+                       runplan.DataFlow("worker1->worker0", "h2", "h1", "tcp", runplan.WORKER_PORT, first)]
+    ring = [flow for flow in tcp if flow.what.startswith("worker")]
+    assert len(ring) == 2 * 5  # 5 ring links, both ways
+    bulk = [flow for flow in tcp if flow.what.startswith("flow")]
+    assert [(flow.src, flow.dst, flow.dport) for flow in bulk] == [("h4", "h7", runplan.IPERF_PORT),
+                                                                    ("h7", "h4", runplan.IPERF_PORT + 10)]
+    # the same seed, the same 5-tuples for every TCP scheme; mlt's are its own, one port a process
+    assert runplan.data_flows(runs["scheme=control,mode=allreduce,rep=1"]) == tcp
+    mlt = runplan.data_flows(runs["scheme=mlt,mode=allreduce,rep=1"])
+    assert {flow.proto for flow in mlt if flow.what.startswith("worker")} == {"udp"}
+    assert len({flow.sport for flow in mlt if flow.what.startswith("worker0")}) == 1
+    # sprayed datagrams have no placement: only the bulk flows are left
+    assert all(flow.what.startswith("flow") for flow in runplan.data_flows(runs["scheme=spray,mode=ps,rep=1"]))
+    assert runplan.data_flows(runs["scheme=baseline,mode=allreduce,rep=2"]) != tcp  # another seed
