@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from emulation.cleanup import LOCK_FILE, STATE_DIR, our_bridges, our_interfaces, our_nft_tables, read_state
 from emulation.fabric import Fabric
 
@@ -84,6 +86,23 @@ def experiments_cli(*args: str, cwd: Path) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def fabric_script(script: str, *args: str, timeout: float, hung: str) -> tuple[str, str]:
+    """Run `script`, which builds a fabric, in a Python of its own (a hang there cannot hang the
+    test); its stdout and stderr. Still running after `timeout` seconds, it is killed, what it left
+    cleaned up and the test failed with `hung`; exiting non-zero, the test fails with its stderr."""
+    process = subprocess.Popen([PYTHON, "-c", script, *args], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        subprocess.run([PYTHON, "-m", "emulation.cleanup"], cwd=REPO, capture_output=True)
+        pytest.fail(hung)
+    assert process.returncode == 0, stderr[-2000:]
+    return stdout, stderr
+
+
 def finish(process: subprocess.Popen, timeout: float) -> tuple[int, str, str]:
     stdout, stderr = process.communicate(timeout=timeout)
     return process.returncode, stdout, stderr
@@ -127,5 +146,6 @@ def leftovers(exclude: set[int] = frozenset()) -> list[str]:
         found += [f"nftables table {family} {name}" for family, name in our_nft_tables()]
         found += orphan_node_shells()
         found += [f"process {pid}" for pid in repo_processes(exclude={os.getpid(), *exclude})]
-        found += [f"state file of processes {read_state().get('processes')}"] if read_state() else []
+        state = read_state()
+        found += [f"state file of processes {[record.pid for record in state.processes]}"] if state else []
     return found
