@@ -17,6 +17,7 @@ from emulation.cleanup import LOCK_FILE, STATE_DIR, our_bridges, our_interfaces,
 from emulation.fabric import Fabric
 
 from helpers import REPO
+from helpers.session import started_here
 
 PYTHON = str(REPO / ".venv" / "bin" / "python")
 SPRAYER = str(REPO / "tests" / "helpers" / "udp_sprayer.py")
@@ -109,30 +110,28 @@ def finish(process: subprocess.Popen, timeout: float) -> tuple[int, str, str]:
 
 
 def repo_processes(exclude: set[int]) -> list[int]:
-    """Processes running `-m controller|hostapps|experiments` of this repo (by command line and
-    working directory). Only for asserting that nothing is left: clean-up itself signals only
-    what the state file records."""
+    """Processes this test session started that run `-m controller|hostapps|experiments` (helpers/
+    session.py). Only for asserting that nothing is left: clean-up itself signals only what the
+    state file records."""
     pids = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) in exclude:
             continue
         try:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
-            cwd = os.readlink(proc / "cwd")
-            environ = (proc / "environ").read_bytes()
         except OSError:
             continue
-        ours = cwd.startswith(str(REPO)) or f"PYTHONPATH={REPO}".encode() in environ
-        if ours and any(a == b"-m" and b.split(b".")[0] in (b"controller", b"hostapps", b"experiments")
-                        for a, b in zip(argv, argv[1:])):
+        if any(a == b"-m" and b.split(b".")[0] in (b"controller", b"hostapps", b"experiments")
+               for a, b in zip(argv, argv[1:])) and started_here(int(proc.name)):
             pids.append(int(proc.name))
     return pids
 
 
 def orphan_node_shells() -> list[str]:
-    """Mininet node shells left without their Mininet process (re-parented to init)."""
+    """Mininet node shells of this session left without their Mininet process (re-parented to init)."""
     ps = subprocess.run(["ps", "-eo", "ppid=,pid=,args="], capture_output=True, text=True).stdout
-    return [line.strip() for line in ps.splitlines() if "mininet:" in line and line.split()[0] == "1"]
+    return [line.strip() for line in ps.splitlines()
+            if "mininet:" in line and line.split()[0] == "1" and started_here(int(line.split()[1]))]
 
 
 def leftovers(exclude: set[int] = frozenset()) -> list[str]:

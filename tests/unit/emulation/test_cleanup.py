@@ -15,6 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from emulation import cleanup
+from helpers.fabric import repo_processes
+from helpers.session import SESSION_ENV
 from common.signals import signals_deferred
 
 
@@ -182,3 +184,18 @@ def test_clean_up_after_a_state_file_of_another_shape_stops_nothing_and_forgets_
     assert cleanup.clean_stale() == []
     assert not state_file.exists()
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_leftover_checks_count_only_what_this_test_session_started():
+    """A host app, controller or runner someone else runs from this checkout beside the suite (a
+    bench, a spec validation) is not a leftover of the tests."""
+    argv = [sys.executable, "-c", "import time; time.sleep(60)", "-m", "hostapps"]
+    theirs_env = {key: value for key, value in os.environ.items() if key != SESSION_ENV}
+    ours, theirs = subprocess.Popen(argv), subprocess.Popen(argv, env=theirs_env)
+    try:
+        found = repo_processes(exclude={os.getpid()})
+        assert ours.pid in found and theirs.pid not in found
+    finally:
+        for child in (ours, theirs):
+            child.kill()
+            child.wait()
