@@ -37,7 +37,7 @@ from emulation.machine import MachineError, prepare, vswitchd_pid
 from topologies.cluster import LOCAL
 from topologies.cluster import placement as placement_of
 from topologies.leafspine import TopologyError, topos
-from topologies.marks import HAND_RUN, fabric_owner
+from topologies.marks import fabric_owner
 from topologies.nodes import FabricController, ShapedIntf
 
 __all__ = ["Fabric", "FabricError", "kill_group", "topo_hosts"]
@@ -183,11 +183,13 @@ class Fabric:
         taken = sorted((bridges & switches) | ({link["ifname"] for link in links} & names))
         if not taken:
             return
-        hand_run = any(owner == HAND_RUN for name, owner in marked_bridges().items() if name in switches)
-        whose = "a network built by hand with our Topo (mn)" if hand_run else "a network that is not a fabric's"
         shown = ", ".join(taken[:4]) + (f" and {len(taken) - 4} more" if len(taken) > 4 else "")
-        raise FabricError(f"{shown} already exist, of {whose}: this fabric would tear it down; stop that "
-                          "network first (if it is a dead one, `python -m emulation.cleanup --hand-run` removes it)")
+        if any(name in switches for name in marked_bridges()):  # our mark, no fabric's: hand-run (or older)
+            raise FabricError(f"{shown} already exist, of a network built by hand with our Topo (mn): this fabric "
+                              "would tear it down; stop that network first (a dead one: `python -m "
+                              "emulation.cleanup --hand-run`)")
+        raise FabricError(f"{shown} already exist, of a network that is not the testbed's: this fabric would "
+                          "tear it down; stop that network first")
 
     def _acquire_lock(self) -> None:
         global _running
