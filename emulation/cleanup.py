@@ -34,6 +34,7 @@ from typing import Callable
 from common.files import write_text
 from common.owner import OWNER_KEY
 from common.schema import SchemaError, build, knob
+from emulation.machine import vswitchd_pid
 from topologies.marks import is_fabric, owner_of_alias, owner_of_external_id
 
 STATE_DIR = Path("/run/dnn-testbed")
@@ -218,8 +219,10 @@ def clean_stale(verbose: bool = False, hand_run: bool = False, say: Callable[[st
             done.append(f"stopped {len(killed)} recorded processes {killed}")
     STATE_FILE.unlink(missing_ok=True)
     bridges, interfaces = marked_bridges(), marked_interfaces()
+    # ovs-vsctl waits for ovs-vswitchd to apply a change: without one, the database change is enough
+    wait = [] if vswitchd_pid() is not None else ["--no-wait"]
     for br in removable(bridges, hand_run):
-        subprocess.run(["ovs-vsctl", f"--timeout={OVS_TIMEOUT_S}", "del-br", br], capture_output=True)
+        subprocess.run(["ovs-vsctl", f"--timeout={OVS_TIMEOUT_S}", *wait, "del-br", br], capture_output=True)
         done.append(f"deleted bridge {br} ({bridges[br]})")
     for intf in removable(interfaces, hand_run):
         subprocess.run(["ip", "link", "del", intf], capture_output=True)

@@ -20,6 +20,7 @@ from topologies.shaping import htb_priority_tree, offloads_off
 
 DEFAULT_QUEUE_BYTES = 256 * 1024
 LISTEN_CHECK_S = 5.0
+OVS_TIMEOUT_S = 5
 
 
 class OVSUserSwitch(OVSSwitch):
@@ -47,14 +48,28 @@ class OVSUserSwitch(OVSSwitch):
         super().start(controllers)
         self.vsctl(f"-- br-set-external-id {self.name} {OWNER_KEY} {self.owner}")
         if not self.batch:
-            self.reshape()
+            self.started()
 
     @classmethod
     def batchStartup(cls, switches, run=errRun):
         started = super().batchStartup(switches, run)
         for switch in switches:
-            switch.reshape()
+            switch.started()
         return started
+
+    @classmethod
+    def batchShutdown(cls, switches, run=errRun):
+        """Mininet's, with its ovs-vsctl bounded: unbounded, it waits forever for an ovs-vswitchd
+        that stopped (the change is in the database; a new ovs-vswitchd will not add the bridge)."""
+        def bounded(command, **kwargs):
+            return run(command.replace("ovs-vsctl ", f"ovs-vsctl --timeout={OVS_TIMEOUT_S} ", 1), **kwargs)
+        return super().batchShutdown(switches, run=bounded)
+
+    def started(self) -> None:
+        """Once OVS has the bridge: mark the bridge's own port, a tap device that outlives
+        ovs-vswitchd (persistent), as its owner's, and shape the ports."""
+        self.cmd(f"ip link set dev {self.name} alias {shlex.quote(interface_alias(self.owner))}")
+        self.reshape()
 
     def reshape(self) -> None:
         """OVS resets the root qdisc of a port it adds: shape the ports again once they are in."""

@@ -59,6 +59,24 @@ def test_a_fabric_torn_down_behind_its_back_is_reported_within_a_second(tmp_path
     assert leftovers() == []
 
 
+OVS_STOPPED = """
+import json, subprocess, sys, time
+from emulation import fabric
+fabric.VSWITCHD_RETURN_S = 3.0
+with fabric.Fabric("leafspine", {"spines": 1, "leaves": 2, "hosts": 1}, workdir=sys.argv[1]) as fab:
+    fab.wait_reachable()
+    subprocess.run(["ovs-appctl", "-t", "ovs-vswitchd", "exit"], check=True)  # ovsdb-server stays
+    began = time.monotonic()
+    while time.monotonic() - began < 30:
+        try:
+            fab.check()
+        except fabric.FabricError as error:
+            print(json.dumps({"after_s": time.monotonic() - began, "error": str(error)}), flush=True)
+            break
+        time.sleep(0.1)
+"""
+
+
 @pytest.fixture
 def open_vswitch_running():
     """Whatever happens in the test, Open vSwitch runs after it (it restarts it machine-wide)."""
@@ -97,3 +115,18 @@ def test_open_vswitch_restarted_under_a_running_fabric_is_recovered(tmp_path, op
         buffers = {s.interface: s.rcvbuf for s in machine.vswitchd_packet_sockets() if s.interface in ports}
         assert set(buffers) == ports and min(buffers.values()) >= machine.PORT_RECEIVE_BUFFER_BYTES
     assert leftovers() == []
+
+
+def test_open_vswitch_stopped_under_a_fabric_fails_it_and_the_teardown_ends(tmp_path, open_vswitch_running):
+    """Mininet's teardown waits forever for an ovs-vswitchd that is gone (every ovs-vsctl call waits
+    for it to apply the change); the fabric removes its network without Mininet then."""
+    stdout, stderr = fabric_script(OVS_STOPPED, str(tmp_path), timeout=90, hung="the teardown hung without OVS")
+    (report,) = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    print(report)
+    assert 3 <= report["after_s"] < 10
+    assert re.fullmatch(r"Open vSwitch stopped \(ovs-vswitchd pid \d+\) and did not come back with the fabric "
+                        r"in 3 s \(missing: ovs-vswitchd\)", report["error"])
+    assert "ovs-vswitchd is not running; removing the network without Mininet" in stderr
+    machine.prepare()
+    assert machine.ovs_running()
+    assert leftovers() == [], "the fabric's bridges came back with ovs-vswitchd"

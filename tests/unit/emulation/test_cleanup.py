@@ -21,7 +21,11 @@ from common.signals import signals_deferred
 
 
 def sleeper() -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    """A child that has run its program (until then /proc shows the forked parent's empty command line)."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; print(flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE)
+    child.stdout.readline()
+    return child
 
 
 def test_a_recorded_process_is_stopped():
