@@ -150,8 +150,8 @@ class Fabric:
     def _stop_network(self, net: Mininet) -> None:
         """Mininet's stop, unless a node's shell has exited or ovs-vswitchd is not running: Mininet
         holds both ends of each shell's terminal, so it would wait forever for a dead shell to answer
-        (a CI run hung so), and its ovs-vsctl calls wait forever for ovs-vswitchd. The clean-up after
-        it (clean_stale) removes the network then, as after a killed runner."""
+        (a CI run hung so), and its ovs-vsctl calls would wait for ovs-vswitchd to apply them. The
+        clean-up after it (clean_stale) removes the network then, as after a killed runner."""
         exited = self._exited_shells(net)
         if exited:
             print(f"fabric: the shells of {', '.join(exited)} had exited; removing the network "
