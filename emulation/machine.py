@@ -70,16 +70,18 @@ def allow_tcp_cc(name: str, root: Path = SYSCTL_DIR) -> tuple[str, str] | None:
     return before, after
 
 
-def ovs_running() -> bool:
-    return subprocess.run(["ovs-vsctl", "--timeout=3", "show"], capture_output=True).returncode == 0
-
-
 def vswitchd_pid() -> int | None:
     try:
         pid = int(VSWITCHD_PIDFILE.read_text())
     except (OSError, ValueError):
         return None
     return pid if Path(f"/proc/{pid}").exists() else None
+
+
+def ovs_running() -> bool:
+    """Both daemons: ovsdb-server answers and ovs-vswitchd runs (`ovs-ctl start` starts what is missing)."""
+    answers = subprocess.run(["ovs-vsctl", "--timeout=3", "show"], capture_output=True).returncode == 0
+    return answers and vswitchd_pid() is not None
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,12 @@ from pathlib import Path
 
 import pytest
 
+from helpers.session import mark_session
 from hostapps.transport import free_loopback_addresses
 
 
 def pytest_configure(config):
+    mark_session()  # before any test starts a process (helpers/session.py)
     config.addinivalue_line("markers", "slow: multi-process host-app tests (seconds each)")
     config.addinivalue_line("markers", "integration: builds a real fabric (root, Mininet, OVS)")
 

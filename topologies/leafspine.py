@@ -20,7 +20,8 @@ if _REPO not in sys.path:
 
 from topologies.layout import MAX_HOSTS, MAX_PER_TIER, Layout, fat_tree, leaf_spine  # noqa: E402
 from topologies.tcp import DEFAULT_TCP_CC, check_tcp_cc  # noqa: E402
-from topologies.nodes import DEFAULT_QUEUE_BYTES, FabricHost, FabricLink, OVSUserSwitch  # noqa: E402
+from topologies.nodes import (DEFAULT_QUEUE_BYTES, FabricController, FabricHost, FabricLink,  # noqa: E402
+                              OVSUserSwitch)
 from common.frames import DEFAULT_MTU, check_mtu, frame_bytes  # noqa: E402
 
 
@@ -69,6 +70,14 @@ class FabricTopo(Topo):
                          bw=host_bw if link.tier == "host" else fabric_bw, queue_bytes=self.queue_bytes,
                          mtu=self.mtu)
 
+    def claim(self, owner: str) -> None:
+        """Mark every switch and link this Topo builds as `owner`'s (topologies/marks.py); unclaimed,
+        they are marked hand-run, as `mn` builds them."""
+        for switch in self.switches():
+            self.nodeInfo(switch)["owner"] = owner
+        for _, _, info in self.links(withInfo=True):
+            info["owner"] = owner
+
 
 class LeafSpineTopo(FabricTopo):
     """`spines` x `leaves` leaf-spine with `hosts` per leaf; rates in Mbit/s, MTU in bytes (every
@@ -114,3 +123,5 @@ class FatTreeTopo(FabricTopo):
 
 topos = {"leafspine": LeafSpineTopo, "fattree": FatTreeTopo}
 switches = {"ovsuser": OVSUserSwitch}
+# `mn --controller remote,...` gets the same remote controller with a check that cannot crash.
+controllers = {"remote": FabricController}

@@ -5,50 +5,71 @@ Only the standard library and Mininet are imported: `mn` runs this under /usr/bi
 from __future__ import annotations
 
 import shlex
+import socket
 
 from mininet.link import Intf, Link
-from mininet.node import Host, OVSSwitch
+from mininet.log import warn
+from mininet.node import Host, OVSSwitch, RemoteController
 from mininet.util import errRun
 
 from common.owner import OWNER_KEY
+from topologies.marks import HAND_RUN, interface_alias
 from topologies.tcp import DEFAULT_TCP_CC, check_tcp_cc
 from common.frames import DEFAULT_MTU, check_mtu
 from topologies.shaping import htb_priority_tree, offloads_off
 
 DEFAULT_QUEUE_BYTES = 256 * 1024
+LISTEN_CHECK_S = 5.0
+OVS_TIMEOUT_S = 5
 
 
 class OVSUserSwitch(OVSSwitch):
     """Userspace Open vSwitch (this kernel has no openvswitch module) speaking OpenFlow 1.3 and 1.5
-    (1.5 for group selection methods that hash UDP ports)."""
+    (1.5 for group selection methods that hash UDP ports), its bridge and ports marked as `owner`'s
+    (topologies/marks.py: hand-run unless a fabric claimed the Topo)."""
 
-    def __init__(self, name: str, **params):
+    def __init__(self, name: str, owner: str = HAND_RUN, **params):
+        self.owner = owner
         params.setdefault("datapath", "user")
         params.setdefault("protocols", "OpenFlow13,OpenFlow15")
         params.setdefault("failMode", "secure")
         super().__init__(name, **params)
 
     def intfOpts(self, intf) -> str:
-        """Each port marked ours and, for a shaped link, at the link's MTU (OVS's own request, so
-        it never resets the port to another)."""
+        """Each port marked as its owner's and, for a shaped link, at the link's MTU (OVS's own
+        request, so it never resets the port to another)."""
         opts = super().intfOpts(intf)
-        extra = f" external_ids:{OWNER_KEY}=1"
+        extra = f" external_ids:{OWNER_KEY}={self.owner}"
         if getattr(intf, "mtu", None):
             extra += f" mtu_request={intf.mtu}"
         return (opts or f" -- set Interface {intf}") + extra
 
     def start(self, controllers) -> None:
         super().start(controllers)
-        self.vsctl(f"-- br-set-external-id {self.name} {OWNER_KEY} 1")
+        self.vsctl(f"-- br-set-external-id {self.name} {OWNER_KEY} {self.owner}")
         if not self.batch:
-            self.reshape()
+            self.started()
 
     @classmethod
     def batchStartup(cls, switches, run=errRun):
         started = super().batchStartup(switches, run)
         for switch in switches:
-            switch.reshape()
+            switch.started()
         return started
+
+    @classmethod
+    def batchShutdown(cls, switches, run=errRun):
+        """Mininet's, with its ovs-vsctl bounded: unbounded, it waits forever for an ovs-vswitchd
+        that stopped (the change is in the database; a new ovs-vswitchd will not add the bridge)."""
+        def bounded(command, **kwargs):
+            return run(command.replace("ovs-vsctl ", f"ovs-vsctl --timeout={OVS_TIMEOUT_S} ", 1), **kwargs)
+        return super().batchShutdown(switches, run=bounded)
+
+    def started(self) -> None:
+        """Once OVS has the bridge: mark the bridge's own port, a tap device that outlives
+        ovs-vswitchd (persistent), as its owner's, and shape the ports."""
+        self.cmd(f"ip link set dev {self.name} alias {shlex.quote(interface_alias(self.owner))}")
+        self.reshape()
 
     def reshape(self) -> None:
         """OVS resets the root qdisc of a port it adds: shape the ports again once they are in."""
@@ -77,17 +98,17 @@ class FabricHost(Host):
 
 
 class ShapedIntf(Intf):
-    """A veth end at the link's MTU, marked ours (its alias, for clean-up), with offloads off and its
-    egress shaped by the 8-class priority tree.
+    """A veth end at the link's MTU, marked as its owner's (its alias, for clean-up), with offloads
+    off and its egress shaped by the 8-class priority tree.
 
     Both ends are shaped: a switch port queues like a real switch's, and a host's end is its NIC,
     which must cap what a host sends (a parameter server may not push n links' worth at once)."""
 
     def config(self, bw: float | None = None, queue_bytes: int = DEFAULT_QUEUE_BYTES,
-               mtu: int = DEFAULT_MTU, **params) -> dict:
+               mtu: int = DEFAULT_MTU, owner: str = HAND_RUN, **params) -> dict:
         result = super().config(**params)
         self.mtu = check_mtu(mtu)
-        self._run(f"ip link set dev {self.name} mtu {mtu} alias {OWNER_KEY}")
+        self._run(f"ip link set dev {self.name} mtu {mtu} alias {shlex.quote(interface_alias(owner))}")
         self.cmd(offloads_off(self.name))
         self.bw, self.queue_bytes = bw, queue_bytes
         self.shape()
@@ -115,3 +136,18 @@ class FabricLink(Link):
                  queue_bytes: int = DEFAULT_QUEUE_BYTES, mtu: int = DEFAULT_MTU, **params):
         super().__init__(node1, node2, cls1=ShapedIntf, cls2=ShapedIntf,
                          bw=bw, queue_bytes=queue_bytes, mtu=mtu, **params)
+
+
+class FabricController(RemoteController):
+    """Mininet's RemoteController with a binary-safe check that the controller listens: Mininet's
+    reads `telnet`'s output through a strict UTF-8 decoder, and when our controller's OpenFlow hello
+    (random transaction id) arrived before telnet quit, starting the network failed with
+    UnicodeDecodeError. A plain TCP connect says the same."""
+
+    def isListening(self, ip: str, port: int) -> bool:
+        try:
+            with socket.create_connection((ip, port), timeout=LISTEN_CHECK_S):
+                return True
+        except OSError:
+            warn(f"Unable to contact the remote controller at {ip}:{port}\n")
+            return False

@@ -11,10 +11,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from emulation.cleanup import LOCK_FILE, STATE_DIR, our_bridges, our_interfaces, our_nft_tables, read_state
 from emulation.fabric import Fabric
 
 from helpers import REPO
+from helpers.session import started_here
 
 PYTHON = str(REPO / ".venv" / "bin" / "python")
 SPRAYER = str(REPO / "tests" / "helpers" / "udp_sprayer.py")
@@ -84,36 +87,51 @@ def experiments_cli(*args: str, cwd: Path) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def fabric_script(script: str, *args: str, timeout: float, hung: str) -> tuple[str, str]:
+    """Run `script`, which builds a fabric, in a Python of its own (a hang there cannot hang the
+    test); its stdout and stderr. Still running after `timeout` seconds, it is killed, what it left
+    cleaned up and the test failed with `hung`; exiting non-zero, the test fails with its stderr."""
+    process = subprocess.Popen([PYTHON, "-c", script, *args], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        subprocess.run([PYTHON, "-m", "emulation.cleanup"], cwd=REPO, capture_output=True)
+        pytest.fail(hung)
+    assert process.returncode == 0, stderr[-2000:]
+    return stdout, stderr
+
+
 def finish(process: subprocess.Popen, timeout: float) -> tuple[int, str, str]:
     stdout, stderr = process.communicate(timeout=timeout)
     return process.returncode, stdout, stderr
 
 
 def repo_processes(exclude: set[int]) -> list[int]:
-    """Processes running `-m controller|hostapps|experiments` of this repo (by command line and
-    working directory). Only for asserting that nothing is left: clean-up itself signals only
-    what the state file records."""
+    """Processes this test session started that run `-m controller|hostapps|experiments` (helpers/
+    session.py). Only for asserting that nothing is left: clean-up itself signals only what the
+    state file records."""
     pids = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) in exclude:
             continue
         try:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
-            cwd = os.readlink(proc / "cwd")
-            environ = (proc / "environ").read_bytes()
         except OSError:
             continue
-        ours = cwd.startswith(str(REPO)) or f"PYTHONPATH={REPO}".encode() in environ
-        if ours and any(a == b"-m" and b.split(b".")[0] in (b"controller", b"hostapps", b"experiments")
-                        for a, b in zip(argv, argv[1:])):
+        if any(a == b"-m" and b.split(b".")[0] in (b"controller", b"hostapps", b"experiments")
+               for a, b in zip(argv, argv[1:])) and started_here(int(proc.name)):
             pids.append(int(proc.name))
     return pids
 
 
 def orphan_node_shells() -> list[str]:
-    """Mininet node shells left without their Mininet process (re-parented to init)."""
+    """Mininet node shells of this session left without their Mininet process (re-parented to init)."""
     ps = subprocess.run(["ps", "-eo", "ppid=,pid=,args="], capture_output=True, text=True).stdout
-    return [line.strip() for line in ps.splitlines() if "mininet:" in line and line.split()[0] == "1"]
+    return [line.strip() for line in ps.splitlines()
+            if "mininet:" in line and line.split()[0] == "1" and started_here(int(line.split()[1]))]
 
 
 def leftovers(exclude: set[int] = frozenset()) -> list[str]:
@@ -127,5 +145,6 @@ def leftovers(exclude: set[int] = frozenset()) -> list[str]:
         found += [f"nftables table {family} {name}" for family, name in our_nft_tables()]
         found += orphan_node_shells()
         found += [f"process {pid}" for pid in repo_processes(exclude={os.getpid(), *exclude})]
-        found += [f"state file of processes {read_state().get('processes')}"] if read_state() else []
+        state = read_state()
+        found += [f"state file of processes {[record.pid for record in state.processes]}"] if state else []
     return found

@@ -1,14 +1,13 @@
 """Fault injection on the real fabric (root): the runner survives what it can and records it, fails
-what it cannot with the reason, and leaves nothing behind; clean-up touches nothing of anyone
-else's; hosts reach each other from the first packet; the REST API shrugs off garbage mid-run."""
+what it cannot with the reason, and leaves nothing behind; hosts reach each other from the first
+packet; the REST API shrugs off garbage mid-run. (Other networks beside a fabric:
+test_other_networks.py; faults a fabric's own check finds: test_fabric_health.py.)"""
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -19,8 +18,8 @@ import pytest
 
 from experiments.results import completed_run_ids, read_run_record
 from experiments.spec import load_spec
-from helpers import FIXTURES, REPO
-from helpers.fabric import LB_MODES, PYTHON, experiments_cli, finish, leftovers
+from helpers import FIXTURES
+from helpers.fabric import LB_MODES, PYTHON, experiments_cli, fabric_script, finish, leftovers
 from emulation.cleanup import ProcessRecord, is_alive, process_record
 from emulation.fabric import Fabric
 
@@ -141,16 +140,8 @@ with Fabric("leafspine", {"spines": 1, "leaves": 1, "hosts": 2}, workdir=sys.arg
 @pytest.mark.parametrize("node", ["h1", "leaf1"])
 def test_a_node_shell_that_died_does_not_hang_the_teardown(tmp_path, node):
     """Mininet's stop reads forever from a dead node's shell (a CI run hung so, in Intf.delete)."""
-    fabric = subprocess.Popen([PYTHON, "-c", DIES_INSIDE_FABRIC, node, str(tmp_path)], cwd=REPO,
-                              stderr=subprocess.PIPE, text=True)
-    try:
-        _, stderr = fabric.communicate(timeout=90)
-    except subprocess.TimeoutExpired:
-        fabric.kill()
-        fabric.wait()
-        subprocess.run([PYTHON, "-m", "emulation.cleanup"], cwd=REPO, capture_output=True)
-        pytest.fail(f"the teardown hung after {node}'s shell died")
-    assert fabric.returncode == 0, stderr[-2000:]
+    _, stderr = fabric_script(DIES_INSIDE_FABRIC, node, str(tmp_path), timeout=90,
+                              hung=f"the teardown hung after {node}'s shell died")
     assert f"the shells of {node} had exited" in stderr
     assert leftovers() == []
 
@@ -245,45 +236,6 @@ def test_rest_fuzz_during_a_run_leaves_the_controller_and_the_run_unharmed(tmp_p
     (log,) = (out / "fabrics").glob("*/controller.log")
     assert "Traceback" not in log.read_text()
     assert leftovers() == []
-
-
-def test_clean_up_leaves_a_foreign_mininet_network_alone(tmp_path):
-    """A plain Mininet network (not ours) whose switches are named like a fat-tree's, edge1 and
-    core1, runs while one of our fabrics starts (and cleans up what a killed fabric left) and stops."""
-    script = tmp_path / "foreign.py"
-    script.write_text(
-        "import sys\nfrom functools import partial\n"
-        "from mininet.net import Mininet\nfrom mininet.node import OVSSwitch\nfrom mininet.topo import Topo\n"
-        "class Foreign(Topo):\n"
-        "    def build(self):\n"
-        "        edge, core = self.addSwitch('edge1', dpid='1'), self.addSwitch('core1', dpid='2')\n"
-        "        self.addLink(edge, core)\n"
-        "        self.addLink(self.addHost('x1'), edge)\n"
-        "net = Mininet(topo=Foreign(), switch=partial(OVSSwitch, datapath='user', failMode='standalone'),\n"
-        "              controller=None)\n"
-        "net.start(); print('up', flush=True)\n"
-        "sys.stdin.read()\n"
-        "net.stop()\n")
-    foreign = subprocess.Popen(["/usr/bin/python3", str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               text=True)
-    try:
-        assert foreign.stdout.readline().strip() == "up"
-        before = foreign_state()
-        assert {"edge1", "core1"} <= set(before["bridges"]) and "edge1-eth1" in before["interfaces"]
-        with Fabric("leafspine", {"spines": 1, "leaves": 1, "hosts": 1}, workdir=tmp_path / "ours"):
-            pass
-        subprocess.run([sys.executable, "-m", "emulation.cleanup"], cwd=REPO, check=True, capture_output=True)
-        after = foreign_state()
-        assert after == before, "clean-up touched a network that is not ours"
-    finally:
-        foreign.communicate("", timeout=60)
-
-
-def foreign_state() -> dict[str, list[str]]:
-    bridges = subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True).stdout.split()
-    links = json.loads(subprocess.run(["ip", "-j", "link", "show"], capture_output=True, text=True).stdout)
-    return {"bridges": sorted(b for b in bridges if b in ("edge1", "core1")),
-            "interfaces": sorted(link["ifname"] for link in links if link["ifname"].startswith(("edge1", "core1")))}
 
 
 @pytest.mark.parametrize("lb", LB_MODES)

@@ -238,3 +238,23 @@ def test_class_queue_packets_follow_the_mtu():
     assert class_queue_packets(262144, 1500) == [173, 10] + [173] * 6
     assert class_queue_packets(262144, 9000) == [29, 10] + [29] * 6
     assert class_queue_packets(9014, 9000) == [4] * 8, "never fewer than 4 packets, CS1 never longer"
+
+
+def test_switch_shutdown_waits_for_ovs_a_bounded_time():
+    """Unbounded, Mininet's ovs-vsctl waits forever for an ovs-vswitchd that stopped."""
+    ran = []
+
+    class Switch:
+        pid = 4242
+
+        def isOldOVS(self):
+            return False
+
+        def terminate(self):
+            ran.append("terminated")
+
+        def __str__(self):
+            return "leaf1"
+
+    OVSUserSwitch.batchShutdown([Switch()], run=lambda command, **_: ran.append(command))
+    assert ran == ["ovs-vsctl --timeout=5 --if-exists del-br leaf1", "kill -HUP 4242", "terminated"]
