@@ -232,7 +232,8 @@ def check_memory(plan: RunPlan) -> None:
     needed = memory_needed_bytes(plan)
     if available is not None and needed > available:
         job = plan.run.job
-        raise not_allowed("job.model", dataclasses.asdict(job.model),
+        model = {name: value for name, value in dataclasses.asdict(job.model).items() if value is not None}
+        raise not_allowed("job.model", model,
                           f"its {len(plan.processes)} host-app processes need at least {needed / 2**30:.1f} GiB "
                           f"(every worker holds the model's parameters and gradients, 8 bytes a parameter, "
                           f"{2 * sum(plan.layer_sizes) / 2**30:.2f} GiB here), more than this machine's "

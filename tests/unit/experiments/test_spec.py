@@ -40,7 +40,7 @@ MALFORMED = [
     ("controller: {sched: p3}", "controller.sched: 'p3' is not allowed (one of fifo, layer, tictac, size)"),
     ("job: {mode: ring}", "job.mode: 'ring' is not allowed (one of allreduce, ps)"),
     ("job: {model: {name: gpt2}}",
-     "job.model.name: 'gpt2' is not allowed (one of mlp, resnet50, vgg16, bert_base)"),
+     "job.model.name: 'gpt2' is not allowed (one of mlp, resnet50, vgg16, bert_base, trace)"),
     ("job: {model: {scale: 2}}",
      "job.model.scale: 2 is not allowed (a fraction of the profile's tensor sizes in (0, 1])"),
     ("job: {workers: 0}", "job.workers: 0 is not allowed ('all' hosts but the servers, a count >= 1 "
