@@ -75,6 +75,8 @@ def fabric_key(run: Run) -> tuple:
 def fabric_params(topology: Topology) -> dict:
     """The Topo's parameters (topologies/leafspine.py) for the spec's topology."""
     common = {"mtu": topology.mtu, "tcp_cc": topology.tcp_cc}
+    if topology.kind == "file":
+        return {"path": topology.file, "host_bw": topology.host_bw, "fabric_bw": topology.fabric_bw, **common}
     if topology.kind == "fattree":
         return {"k": topology.k, "bw": topology.host_bw, **common}
     return {"spines": topology.spines, "leaves": topology.leaves, "hosts": topology.hosts_per_leaf,

@@ -22,12 +22,12 @@ MALFORMED = [
     ("topology: {spines: two}", "topology.spines: 'two' is not allowed (an integer >= 1)"),
     ("topology: {spines: true}", "topology.spines: true is not allowed (an integer >= 1)"),
     ("topology: {spine: 2}", "topology.spine: unknown field (did you mean spines?)"),
-    ("topology: {kind: torus}", "topology.kind: 'torus' is not allowed (one of leafspine, fattree)"),
+    ("topology: {kind: torus}", "topology.kind: 'torus' is not allowed (one of leafspine, fattree, file)"),
     ("topology: {kind: fattree, k: 3}",
      "topology.k: 3 is not allowed (an even integer >= 2 (fattree only))"),
     ("topology: {host_bw: 0}", "topology.host_bw: 0 is not allowed " + LINK_RATE),
     ("topology: 4", "topology: 4 is not allowed (a mapping with keys kind, spines, leaves, "
-                    "hosts_per_leaf, k, host_bw, fabric_bw, mtu, tcp_cc)"),
+                    "hosts_per_leaf, k, host_bw, fabric_bw, mtu, tcp_cc, file)"),
     ("topology: {mtu: 1279}", "topology.mtu: 1279 is not allowed (an integer 1280..9000 (bytes, every "
                               "interface of the fabric))"),
     ("topology: {mtu: 9001}", "topology.mtu: 9001 is not allowed (an integer 1280..9000 (bytes, every "
