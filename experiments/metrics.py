@@ -27,6 +27,7 @@ import pandas as pd
 
 from experiments.columns import METRIC_COLUMNS, PHASE_DELIVERED_COLUMNS  # noqa: F401 (runs.csv's, moved)
 from experiments.traffic import comm_lower_bound_s, wire_bytes_per_payload_byte  # noqa: F401 (moved)
+from topologies.layout import LEAF_ROLES
 
 # TicTac's E is only defined where both parts matter: below this share of the iteration, one of
 # them is noise and E = (comm + comp - T) / min(comm, comp) divides by it (-88.85 on an MLP run).
@@ -296,15 +297,15 @@ def link_imbalance(links: pd.DataFrame) -> float:
 
 
 def uplink_imbalance(links: pd.DataFrame) -> float:
-    """How unevenly the leaves spread their traffic over their spine uplinks (links.csv rows
-    of one run): 1 is a perfectly even spread, u (a leaf's uplink count) all on one uplink.
+    """How unevenly the leaves spread their traffic over their uplinks (links.csv rows of one
+    run): 1 is a perfectly even spread, u (a leaf's uplink count) all on one uplink.
 
-    Per leaf switch (a switch named leaf*; its fabric ports are its uplinks), the bytes each
-    uplink transmitted over the run, and max / mean of those; the result is the mean over the
-    leaves weighted by their uplink bytes, so idle leaves do not count. NaN when no uplink
-    transmitted anything (or on a fabric without leaves, e.g. a fat-tree).
+    Per leaf switch (one that hosts hang off: role leaf, or edge in a fat-tree or a fabric file;
+    topologies/layout.py; its fabric ports are its uplinks), the bytes each uplink transmitted
+    over the run, and max / mean of those; the result is the mean over the leaves weighted by
+    their uplink bytes, so idle leaves do not count. NaN when no uplink transmitted anything.
     """
-    uplinks = links[(links["tier"] == "fabric") & (links["role"] == "leaf")]
+    uplinks = links[(links["tier"] == "fabric") & links["role"].isin(LEAF_ROLES)]
     per_port = uplinks.groupby(["switch", "port"])["tx_bytes"].sum()
     per_leaf = per_port.groupby(level="switch").agg(["max", "mean", "sum"])
     per_leaf = per_leaf[per_leaf["sum"] > 0]

@@ -27,8 +27,8 @@ def plan_text(name: str, plans: list[RunPlan]) -> str:
         where = placement(layout, servers, config.cluster.placement)
         crossing = crossing_links(layout, where)
         topology = config.topology
-        shape = (f"k={topology.k} fat-tree" if topology.kind == "fattree"
-                 else f"{topology.spines}x{topology.leaves}x{topology.hosts_per_leaf} leaf-spine")
+        shape = {"fattree": f"k={topology.k} fat-tree", "file": f"fabric file {topology.file}"}.get(
+            topology.kind, f"{topology.spines}x{topology.leaves}x{topology.hosts_per_leaf} leaf-spine")
         lines += ["", f"fabric {number}: {shape}, {len(layout.hosts)} hosts, {len(layout.switches)} switches; "
                   f"placement {config.cluster.placement} on {len(servers)} server(s)"]
         width = max(map(len, servers))

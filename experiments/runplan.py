@@ -77,6 +77,8 @@ def fabric_key(run: Run) -> tuple:
 def fabric_params(topology: Topology) -> dict:
     """The Topo's parameters (topologies/leafspine.py) for the spec's topology."""
     common = {"mtu": topology.mtu, "tcp_cc": topology.tcp_cc}
+    if topology.kind == "file":
+        return {"path": topology.file, "host_bw": topology.host_bw, "fabric_bw": topology.fabric_bw, **common}
     if topology.kind == "fattree":
         return {"k": topology.k, "bw": topology.host_bw, **common}
     return {"spines": topology.spines, "leaves": topology.leaves, "hosts": topology.hosts_per_leaf,
@@ -280,7 +282,8 @@ def check_memory(plan: RunPlan) -> None:
     needed = memory_needed_bytes(plan)
     if available is not None and needed > available:
         job = plan.run.job
-        raise not_allowed("job.model", dataclasses.asdict(job.model),
+        model = {name: value for name, value in dataclasses.asdict(job.model).items() if value is not None}
+        raise not_allowed("job.model", model,
                           f"its {len(plan.processes)} host-app processes need at least {needed / 2**30:.1f} GiB "
                           f"(every worker holds the model's parameters and gradients, 8 bytes a parameter, "
                           f"{2 * sum(plan.layer_sizes) / 2**30:.2f} GiB here), more than this machine's "

@@ -141,8 +141,11 @@ def link_traffic(run: Run, sizes: Sequence[int]) -> dict[LinkKey, float]:
 def link_bound_s(run: Run, sizes: Sequence[int]) -> float:
     """Seconds the busiest link direction needs for one iteration's traffic at its rate."""
     topology = run.config.topology
-    hosts = {node.name for node in layout_of(topology).hosts}
-    seconds = [sent * 8 / ((topology.host_bw if hosts & set(direction) else topology.fabric_bw) * 1e6)
+    layout = layout_of(topology)
+    hosts = {node.name for node in layout.hosts}
+    speed = {link.names: link.speed for link in layout.links}
+    seconds = [sent * 8 / ((topology.host_bw if hosts & set(direction) else topology.fabric_bw)
+                           * speed[frozenset(direction)] * 1e6)
                for direction, sent in directed_traffic(run, sizes).items()]
     return max(seconds, default=0.0)
 

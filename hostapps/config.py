@@ -17,6 +17,7 @@ from hostapps.model import FlatModel, Network
 from hostapps.profiles import PROFILES, ProfileModel
 from common.schema import SchemaError, add_arguments, from_arguments, knob, section, to_arguments
 from hostapps.send_orders import SEND_ORDERS, resolve, send_order_names
+from hostapps.traces import TraceError, trace_profile
 from hostapps.transport import Address
 
 MODES = ("allreduce", "ps")
@@ -51,7 +52,7 @@ class ConfigError(SchemaError):
 
 
 def model_names() -> list[str]:
-    return ["mlp", *PROFILES]
+    return ["mlp", *PROFILES, "trace"]
 
 
 def _fusion(value: str) -> bool:
@@ -72,6 +73,13 @@ class Model:
     conv: int = knob(0, "an integer 0..64 (mlp only: channels of a leading 3x3 conv layer; 0: none)",
                      lambda n: 0 <= n <= 64)
     scale: float = knob(0.01, "a fraction of the profile's tensor sizes in (0, 1]", lambda x: 0 < x <= 1)
+    trace: str | None = knob(None, "a PyTorch profiler trace (Kineto's Chrome-trace JSON, .json or .json.gz, recorded "
+                             "with record_shapes) whose training step gives the profile (hostapps/traces.py); a path "
+                             "from the repository root or absolute", flag="--model-trace")
+
+    def __post_init__(self) -> None:
+        if self.trace is not None and self.name == "mlp":  # name left out: the trace is the model
+            object.__setattr__(self, "name", "trace")
 
     @property
     def profile(self) -> str | None:
@@ -131,6 +139,10 @@ def check_training(job: Training, label: Callable[[str], str], error: type[Schem
     if job.drop_marking and job.loss_bound == 0:
         raise error(label("drop_marking"), f"true is not allowed (false unless {label('loss_bound')} > 0 with "
                     "transport mlt)")
+    if (job.model.name == "trace") != (job.model.trace is not None):
+        raise error(label("model.trace"), f"{job.model.trace!r} is not allowed (none with model {job.model.name}: "
+                    "a trace is the model, whose name is then trace or left out)" if job.model.trace is not None
+                    else "missing (model trace is the profile of a trace: its path)")
     if job.backward != "reverse" and job.model.profile is None:
         raise error(label("backward"), f"{job.backward!r} is not allowed (reverse unless {label('model')} is a "
                     "profile: the numpy network is a chain, its backprop has no order to choose)")
@@ -231,7 +243,7 @@ class ProcessConfig(Training):
 
     def validate(self) -> None:
         """The rules that span fields; ConfigError names the flag."""
-        check_training(self, lambda name: "--" + name.replace("_", "-"), ConfigError)
+        check_training(self, lambda name: "--" + name.replace("_", "-").replace(".", "-"), ConfigError)
         if not self.workers:
             raise ConfigError("--workers", "no worker addresses")
         if self.mode == "ps" and not self.servers:
@@ -290,7 +302,11 @@ def process_arguments(cfg: ProcessConfig) -> list[str]:
 def build_model(cfg: ProcessConfig) -> FlatModel:
     """The model a run names, initialised from the seed: identical in every process of the job."""
     if cfg.model.profile is not None:
-        model: FlatModel = ProfileModel(PROFILES[cfg.model.profile](), cfg.model.scale, cfg.link_mbps)
+        try:
+            profile = trace_profile(cfg.model.trace) if cfg.model.trace else PROFILES[cfg.model.profile]()
+        except TraceError as error:
+            raise ConfigError("--model-trace", f"{cfg.model.trace!r} {error}") from None
+        model: FlatModel = ProfileModel(profile, cfg.model.scale, cfg.link_mbps)
         if cfg.backward == "caramel":
             model.reorder_backward()
     else:

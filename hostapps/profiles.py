@@ -57,7 +57,8 @@ EMULATED_GRADIENT = 1e-3
 class ProfileLayer:
     name: str
     params: int
-    flops: float  # forward FLOPs per batch of the published profile
+    flops: float  # forward FLOPs per batch of the published profile (a trace's: its measured forward seconds)
+    backward_flops: float | None = None  # weight of its backward where measured apart (a trace's seconds); None: flops
 
 
 @dataclass(frozen=True)
@@ -247,7 +248,9 @@ class ProfileModel(FlatModel):
         total_flops = sum(layer.flops for layer in profile.layers)
         factor = compute_scale(scale, link_mbps)
         self.forward_s = [profile.forward_s * factor * layer.flops / total_flops for layer in profile.layers]
-        self.backward_s = [profile.backward_s * factor * layer.flops / total_flops for layer in profile.layers]
+        backward = [layer.flops if layer.backward_flops is None else layer.backward_flops for layer in profile.layers]
+        total_backward = sum(backward)
+        self.backward_s = [profile.backward_s * factor * weight / total_backward for weight in backward]
         self.backward_order = list(reversed(range(len(self.layers))))  # the order frameworks run backprop
         self._clock = 0.0
 

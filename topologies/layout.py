@@ -10,6 +10,9 @@ Conventions (deterministic, so runs and logs compare across builds):
     aggregation switch's ports 1..k/2 face its pod's edges, the next ones its cores; core port p
     faces pod p;
   * host n has IP 10.0.0.0 + n (/8) and MAC 00:00:00:00:hh:ll (n in its last two bytes).
+
+A fabric file (topologies/files.py) keeps these conventions for the tiers it declares; its links may
+run slower or faster than their tier's rate (`Link.speed`).
 """
 from __future__ import annotations
 
@@ -50,11 +53,13 @@ class Node:
 
 @dataclass(frozen=True)
 class Link:
-    """A link between a's port_a and b's port_b (a host's port is 0); tier host or fabric."""
+    """A link between a's port_a and b's port_b (a host's port is 0); tier host or fabric. Its rate is
+    its tier's (host_bw, fabric_bw) times `speed`."""
     a: Node
     port_a: int
     b: Node
     port_b: int
+    speed: float = 1.0
 
     @property
     def tier(self) -> str:

@@ -4,6 +4,8 @@ built from their layout (topologies/layout.py: names, DPIDs, ports, addresses).
 From the repo root:
     mn --custom topologies/leafspine.py --topo leafspine,spines=2,leaves=2,hosts=2,mtu=9000 \
        --controller remote,ip=127.0.0.1,port=6653 --test pingall
+    mn --custom topologies/leafspine.py --topo file,path=experiments/topologies/clos3.yaml,host_bw=100 \
+       --controller remote,ip=127.0.0.1,port=6653 --test pingall
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(inspect.currentframe().f
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
+from topologies.files import FabricFileError, read_fabric  # noqa: E402
 from topologies.layout import MAX_HOSTS, MAX_PER_TIER, Layout, fat_tree, leaf_spine  # noqa: E402
 from topologies.tcp import DEFAULT_TCP_CC, check_tcp_cc  # noqa: E402
 from topologies.nodes import (DEFAULT_QUEUE_BYTES, FabricController, FabricHost, FabricLink,  # noqa: E402
@@ -67,7 +70,7 @@ class FabricTopo(Topo):
                 self.addHost(node.name, ip=f"{node.ip}/8", mac=node.mac, cls=FabricHost, tcp_cc=self.tcp_cc)
         for link in layout.links:
             self.addLink(link.a.name, link.b.name, port1=link.port_a, port2=link.port_b, cls=FabricLink,
-                         bw=host_bw if link.tier == "host" else fabric_bw, queue_bytes=self.queue_bytes,
+                         bw=(host_bw if link.tier == "host" else fabric_bw) * link.speed, queue_bytes=self.queue_bytes,
                          mtu=self.mtu)
 
     def claim(self, owner: str) -> None:
@@ -121,7 +124,26 @@ class FatTreeTopo(FabricTopo):
         self._add_layout(fat_tree(k), bw, bw)
 
 
-topos = {"leafspine": LeafSpineTopo, "fattree": FatTreeTopo}
+class FileTopo(FabricTopo):
+    """The fabric a file describes (topologies/files.py: switches by tier, hosts per leaf, links and their
+    speeds), `path` from the repository root or absolute; host links at `host_bw`, switch links at
+    `fabric_bw` times their speed (MTU, queues and TCP congestion control as in LeafSpineTopo)."""
+
+    def build(self, path: str = "", host_bw: float = 100, fabric_bw: float = 100,
+              queue_bytes: int = DEFAULT_QUEUE_BYTES, mtu: int = DEFAULT_MTU, tcp_cc: str = DEFAULT_TCP_CC) -> None:
+        if not isinstance(path, str) or not path:
+            raise TopologyError(f"path: {path!r} is not allowed (a fabric file, topologies/files.py)")
+        host_bw = _positive_rate("host_bw", host_bw)
+        fabric_bw = _positive_rate("fabric_bw", fabric_bw)
+        self._fabric_options(queue_bytes, mtu, tcp_cc)
+        try:
+            layout = read_fabric(path)
+        except FabricFileError as error:
+            raise TopologyError(f"path: {path}: {error}") from None
+        self._add_layout(layout, host_bw, fabric_bw)
+
+
+topos = {"leafspine": LeafSpineTopo, "fattree": FatTreeTopo, "file": FileTopo}
 switches = {"ovsuser": OVSUserSwitch}
 # `mn --controller remote,...` gets the same remote controller with a check that cannot crash.
 controllers = {"remote": FabricController}

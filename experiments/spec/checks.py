@@ -7,7 +7,9 @@ from typing import Any
 from experiments.spec.errors import SpecError, not_allowed
 from experiments.spec.schema import Fault, RunConfig
 from experiments.spec.topology import check_topology, layout_of, topology_links
+from common.schema import show
 from hostapps.config import check_training
+from hostapps.traces import TraceError, read_trace
 from topologies.cluster import ClusterError, placement
 
 
@@ -43,6 +45,11 @@ def check_config(config: RunConfig, runs: bool = True) -> None:
         raise not_allowed("job.iterations", job.iterations, "at least 3: the first iteration is start-up, the "
                           "last drains the final round, the metrics need one between")
     check_training(job, lambda name: f"job.{name}", SpecError, runs)
+    if job.model.trace is not None:
+        try:
+            read_trace(job.model.trace)
+        except TraceError as error:
+            raise SpecError("job.model.trace", f"{show(job.model.trace)} {error}") from None
     if runs and config.controller.lb == "spray" and job.transport != "mlt":
         raise not_allowed("controller.lb", "spray", f"ecmp or single with job.transport {job.transport}: a TCP "
                           "connection keeps its 5-tuple, so spraying places it as ecmp does and would change "

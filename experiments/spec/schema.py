@@ -51,7 +51,7 @@ def _count_or_hosts(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class Topology:
-    kind: Literal["leafspine", "fattree"] = knob("leafspine")
+    kind: Literal["leafspine", "fattree", "file"] = knob("leafspine")
     spines: int = knob(2, "an integer >= 1", lambda n: n >= 1)
     leaves: int = knob(2, "an integer >= 1", lambda n: n >= 1)
     hosts_per_leaf: int = knob(2, "an integer >= 1", lambda n: n >= 1)
@@ -63,6 +63,12 @@ class Topology:
     tcp_cc: str = knob(DEFAULT_TCP_CC, "a TCP congestion control this kernel offers ("
                              + ", ".join(available_tcp_cc()) + "), set in every host",
                              lambda name: name in available_tcp_cc())
+    file: str | None = knob(None, "a fabric file (topologies/files.py: switches by tier, hosts per leaf, links "
+                            "and their speeds), a path from the repository root or absolute; kind file")
+
+    def __post_init__(self) -> None:
+        if self.file is not None and self.kind == "leafspine":  # kind left out: the file is the fabric
+            object.__setattr__(self, "kind", "file")
 
 
 @dataclass(frozen=True)

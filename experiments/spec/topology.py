@@ -3,13 +3,17 @@
 interface names and this machine before anything counts or names its nodes.
 
 Hosts are h1..hN leaf by leaf; leaf-spine switches leaf1.., spine1..; fat-tree switches edge1..,
-agg1.., core1.. pod by pod. A link is written `a-b` in either order.
+agg1.., core1.. pod by pod; a fabric file's (topologies/files.py) by the tiers it declares. A link is
+written `a-b` in either order.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
+from common.schema import show
 from experiments.spec.errors import SpecError, not_allowed
+from topologies.files import FabricFileError, read_fabric
 from topologies.layout import MAX_PER_TIER, Layout, fat_tree, leaf_spine
 
 if TYPE_CHECKING:
@@ -29,8 +33,14 @@ MACHINE_HOSTS = 128
 MACHINE_SWITCHES = 64
 
 
+# The knobs that shape a built-in kind: a fabric file gives its own shape.
+SHAPE_KNOBS = ("spines", "leaves", "hosts_per_leaf", "k")
+
+
 def layout_of(topology: Topology) -> Layout:
     """The fabric's nodes and links (topologies/layout.py), once check_topology passed."""
+    if topology.kind == "file":
+        return read_fabric(topology.file)
     if topology.kind == "fattree":
         return fat_tree(topology.k)
     return leaf_spine(topology.spines, topology.leaves, topology.hosts_per_leaf)
@@ -42,6 +52,8 @@ def host_names(topology: Topology) -> list[str]:
 
 def _host_count(topology: Topology) -> int:
     """Counted, not listed: check_topology caps sizes before anything is built."""
+    if topology.kind == "file":
+        return len(layout_of(topology).hosts)  # the file's reader caps its sizes
     if topology.kind == "fattree":
         return topology.k ** 3 // 4
     return topology.leaves * topology.hosts_per_leaf
@@ -54,7 +66,14 @@ def topology_links(topology: Topology) -> set[frozenset[str]]:
 
 def _tiers(topology: Topology) -> list[tuple[str, int, int, str, str]]:
     """Each tier of switches: (name prefix, switches, ports of each, the field sizing the tier,
-    the ports' count in fields, the first of which is blamed for too many)."""
+    the ports' count in fields, the first of which is blamed for too many); a fabric file's tiers by
+    the roles it declares, sized by the file, each with its switches' most ports."""
+    if topology.kind == "file":
+        layout = layout_of(topology)
+        tiers: dict[str, list[int]] = {}
+        for node in layout.switches:
+            tiers.setdefault(node.role, []).append(len(layout.ports(node.name)))
+        return [(role, len(ports), max(ports), "file", "file") for role, ports in tiers.items()]
     if topology.kind == "fattree":
         k, half = topology.k, topology.k // 2
         return [("edge", k * half, k, "k", "k"), ("agg", k * half, k, "k", "k"), ("core", half * half, k, "k", "k")]
@@ -68,6 +87,8 @@ def check_topology(topology: Topology) -> None:
     def refuse(name: str, allowed: str) -> SpecError:
         return not_allowed(f"topology.{name}", getattr(topology, name), allowed)
 
+    if topology.kind == "file" or topology.file is not None:
+        _check_file(topology)
     tiers = _tiers(topology)
     for prefix, count, _, sized_by, _ in tiers:
         if count > MAX_PER_TIER:
@@ -84,8 +105,8 @@ def check_topology(topology: Topology) -> None:
                          f"has {len(longest)}")
     hosts, switches = _host_count(topology), sum(tier[1] for tier in tiers)
     if hosts > MACHINE_HOSTS or switches > MACHINE_SWITCHES:
-        if topology.kind == "fattree":
-            blamed = "k"
+        if topology.kind in ("fattree", "file"):
+            blamed = "k" if topology.kind == "fattree" else "file"
         elif hosts > MACHINE_HOSTS:
             blamed = "hosts_per_leaf" if topology.hosts_per_leaf >= topology.leaves else "leaves"
         else:
@@ -93,3 +114,20 @@ def check_topology(topology: Topology) -> None:
         raise refuse(blamed, f"one machine runs at most {MACHINE_HOSTS} hosts and {MACHINE_SWITCHES} switches; "
                      f"this makes {hosts} hosts and {switches} switches")
 
+
+
+def _check_file(topology: Topology) -> None:
+    """A fabric file given with kind file, without the built-in kinds' shape knobs, and readable."""
+    if topology.file is None:
+        raise SpecError("topology.file", "missing (kind file: the fabric file's path)")
+    if topology.kind != "file":
+        raise not_allowed("topology.kind", topology.kind, "file, or left out, with topology.file")
+    defaults = {field.name: field.default for field in dataclasses.fields(topology)}
+    for name in SHAPE_KNOBS:
+        if getattr(topology, name) != defaults[name]:
+            raise not_allowed(f"topology.{name}", getattr(topology, name),
+                              "left out with topology.file: the file gives the fabric's shape")
+    try:
+        read_fabric(topology.file)
+    except FabricFileError as error:
+        raise SpecError("topology.file", f"{show(topology.file)}: {error}") from None

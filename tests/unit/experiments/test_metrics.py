@@ -156,7 +156,9 @@ def test_uplink_imbalance_is_byte_weighted_mean_of_leaves_max_over_mean():
     links["role"] = links["switch"].str.rstrip("0123456789")
     assert metrics.uplink_imbalance(links) == pytest.approx((1.5 * 800 + 1.0 * 200) / 1000)
     assert math.isnan(metrics.uplink_imbalance(links.assign(tx_bytes=0)))
-    assert math.isnan(metrics.uplink_imbalance(links.assign(role="edge"))), "a fat-tree has no leaves"
+    edges = links.assign(role=links["role"].replace("leaf", "edge"))
+    assert metrics.uplink_imbalance(edges) == metrics.uplink_imbalance(links), "edges are leaves"
+    assert math.isnan(metrics.uplink_imbalance(links.assign(role="agg"))), "only the switches hosts hang off"
 
 
 PORT_RATES = pd.DataFrame([

@@ -22,12 +22,12 @@ MALFORMED = [
     ("topology: {spines: two}", "topology.spines: 'two' is not allowed (an integer >= 1)"),
     ("topology: {spines: true}", "topology.spines: true is not allowed (an integer >= 1)"),
     ("topology: {spine: 2}", "topology.spine: unknown field (did you mean spines?)"),
-    ("topology: {kind: torus}", "topology.kind: 'torus' is not allowed (one of leafspine, fattree)"),
+    ("topology: {kind: torus}", "topology.kind: 'torus' is not allowed (one of leafspine, fattree, file)"),
     ("topology: {kind: fattree, k: 3}",
      "topology.k: 3 is not allowed (an even integer >= 2 (fattree only))"),
     ("topology: {host_bw: 0}", "topology.host_bw: 0 is not allowed " + LINK_RATE),
     ("topology: 4", "topology: 4 is not allowed (a mapping with keys kind, spines, leaves, "
-                    "hosts_per_leaf, k, host_bw, fabric_bw, mtu, tcp_cc)"),
+                    "hosts_per_leaf, k, host_bw, fabric_bw, mtu, tcp_cc, file)"),
     ("topology: {mtu: 1279}", "topology.mtu: 1279 is not allowed (an integer 1280..9000 (bytes, every "
                               "interface of the fabric))"),
     ("topology: {mtu: 9001}", "topology.mtu: 9001 is not allowed (an integer 1280..9000 (bytes, every "
@@ -40,7 +40,7 @@ MALFORMED = [
     ("controller: {sched: p3}", "controller.sched: 'p3' is not allowed (one of fifo, layer, tictac, size)"),
     ("job: {mode: ring}", "job.mode: 'ring' is not allowed (one of allreduce, ps)"),
     ("job: {model: {name: gpt2}}",
-     "job.model.name: 'gpt2' is not allowed (one of mlp, resnet50, vgg16, bert_base)"),
+     "job.model.name: 'gpt2' is not allowed (one of mlp, resnet50, vgg16, bert_base, trace)"),
     ("job: {model: {scale: 2}}",
      "job.model.scale: 2 is not allowed (a fraction of the profile's tensor sizes in (0, 1])"),
     ("job: {workers: 0}", "job.workers: 0 is not allowed ('all' hosts but the servers, a count >= 1 "
@@ -275,7 +275,8 @@ def test_empty_spec_is_one_run_of_defaults():
 
 
 SHIPPED_SPEC_RUNS = {"smoke": 2, "default": 24, "headline": 51, "ablation": 42, "headline_contended": 18,
-                     "loss_sweep": 12, "tictac": 24, "caramel": 9, "lossy_allreduce": 6, "scale": 6, "spraying": 24}
+                     "loss_sweep": 12, "tictac": 24, "caramel": 9, "lossy_allreduce": 6, "scale": 6, "spraying": 24,
+                     "bring_your_own": 2}
 
 
 @pytest.mark.parametrize("name,runs", SHIPPED_SPEC_RUNS.items())
