@@ -289,7 +289,8 @@ def test_empty_spec_is_one_run_of_defaults():
 
 
 SHIPPED_SPEC_RUNS = {"smoke": 2, "default": 24, "headline": 51, "ablation": 42, "headline_contended": 18,
-                     "loss_sweep": 12, "tictac": 24, "caramel": 9, "lossy_allreduce": 6, "scale": 6, "spraying": 24}
+                     "loss_sweep": 12, "tictac": 24, "caramel": 9, "lossy_allreduce": 6, "scale": 6, "spraying": 24,
+                     "collectives": 72}
 
 
 @pytest.mark.parametrize("name,runs", SHIPPED_SPEC_RUNS.items())

@@ -473,6 +473,8 @@ def ring_parameters():
     ("halving_doubling", {}),
     ("tree", {"partition_bytes": 4096}),                                # the pipeline: 1 to 5 segments a layer
     ("hierarchical", {"partition_bytes": 4096, "leaves": [1, 1, 1, 2, 2]}),
+    # partitions picked front first once every rank has them (the ring agreement beside the algorithm's peers)
+    ("halving_doubling", {"send_order": "bytescheduler", "partition_bytes": 4096, "credit_bytes": 12288}),
 ])
 def test_every_collective_trains_to_the_rings_parameters(ring_parameters, name, options):
     results = [result["model"].params for result in
