@@ -81,6 +81,8 @@ def fit(points: list[tuple[int, float, float]]) -> tuple[float, float]:
     # one of them would be negative: the other alone
     fits = [(column, float(design[:, column] @ measured / (design[:, column] @ design[:, column])))
             for column in (0, 1) if design[:, column].any()]
+    if not fits:  # nothing was sent (one worker)
+        return 0.0, 0.0
     residual = {column: float(np.sum((measured - design[:, column] * value) ** 2)) for column, value in fits}
     column, value = min(fits, key=lambda item: residual[item[0]])
     value = max(0.0, value)

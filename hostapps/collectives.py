@@ -4,8 +4,8 @@ from typing import Sequence
 
 import numpy as np
 
-# The phases, chunking and the ring, moved to hostapps/allreduce: the records, the runs table and the
-# loopback benchmark read them here.
+# The all-reduce's phases, chunking and ring (hostapps/allreduce), which the records, the runs table and
+# the loopback benchmark read here.
 from hostapps.allreduce import (GATHER, PHASES, REDUCE, STEP_VALUES, chunk_bounds, ring_allreduce,  # noqa: F401
                                 ring_neighbours, ring_phase)
 from hostapps.transport import MessageKey, Peer, Transport

@@ -1,6 +1,7 @@
 """Ring all-reduce: reduce-scatter, then all-gather, around the ranks in rank order."""
 from __future__ import annotations
 
+from functools import cache
 from typing import Callable
 
 import numpy as np
@@ -67,9 +68,15 @@ def ring_allreduce(transport: Transport, left: Peer, right: Peer, rank: int, wor
     """Replace `flat` in place by its mean over the ring (messages keyed (iteration, tensor, step)).  `left` and
     `right` are ring_neighbours(rank, world): the ring's schedule names them itself."""
     assert (left, right) == ring_neighbours(rank, world), "the ring's neighbours are fixed by rank order"
-    run_allreduce(transport, Ring(world), rank, iteration, [Segment(tensor, 0, flat)], scratch)
+    run_allreduce(transport, ring_of(world), rank, iteration, [Segment(tensor, 0, flat)], scratch)
+
+
+@cache
+def ring_of(world: int) -> Ring:
+    """The ring of `world` ranks, its schedules written once."""
+    return Ring(world)
 
 
 def ring_phase(world: int, step: int) -> str:
     """REDUCE or GATHER: the half of a ring all-reduce (of any segment of a pipeline) a message step is in."""
-    return Ring(world).phase(step)
+    return ring_of(world).phase(step)
