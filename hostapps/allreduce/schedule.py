@@ -14,7 +14,7 @@ receiver threads drain every connection into a mailbox, so no send waits on a re
 Loss (a transport with a loss bound) is tolerated only where the math allows: a REDUCE message is a
 contribution to a sum on its way to the one rank that finishes that sum, so it is sent tolerate_loss
 and may arrive short, its missing elements zero (the sum there lacks the contributions that message
-carried and is still divided by the world: zero-fill, collectives' ring docstring says why); a GATHER
+carried and is still divided by the world: zero-fill, ring.Ring says why); a GATHER
 message carries a finished mean and arrives whole. Every algorithm finishes each element of the mean
 on exactly one rank and only copies it from there, so every rank ends bit-identical, loss or none.
 """
