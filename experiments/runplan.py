@@ -22,6 +22,7 @@ from controller.scheduling import describe_job, parse_job
 from experiments import traffic
 from experiments.source_ports import run_source_ports
 from experiments.spec import FLOW_PORTS, Job, Run, Spec, SpecError, Topology, layout_of, not_allowed
+from experiments.spec.checks import worker_leaves
 from hostapps.assembly import peers_to_connect
 from hostapps.config import ConfigError, Model, ProcessConfig, Training, build_model, config_from_args, \
     layer_times_s, process_arguments
@@ -39,7 +40,7 @@ REST_PORT = 8080
 PROCESS_BASE_BYTES = 21 * 2**20
 MEMINFO = Path("/proc/meminfo")
 # Host-app flags that are set from other spec fields than job.<flag>.
-FLAG_FIELDS = {"link_mbps": "topology.host_bw", "mtu_payload": "topology.mtu"}
+FLAG_FIELDS = {"link_mbps": "topology.host_bw", "mtu_payload": "topology.mtu", "leaves": "job.collective"}
 
 
 class Process(NamedTuple):
@@ -58,8 +59,8 @@ class RunPlan:
     processes: list[Process]         # parameter-server shards first, then the workers, by rank
     layers: list[dict]               # the layer table (layer_table)
     document: dict[str, Any] | None  # the job document registered with the controller; None: not registered
-    lower_bound_s: float             # experiments/metrics.py's analytical bound on an iteration's communication
-    bounds: dict[str, float]         # experiments/traffic.py's: link_bound_s, tail_comm_s
+    lower_bound_s: float             # experiments/traffic.py's analytical bound on an iteration's communication
+    bounds: dict[str, float]         # experiments/traffic.py's: comm_bound_s, link_bound_s, tail_comm_s
 
     @property
     def layer_sizes(self) -> list[int]:
@@ -92,14 +93,17 @@ def host_ips(run: Run) -> dict[str, str]:
 
 def process_config(run: Run, role: str, rank: int, ip: dict[str, str], **process: Any) -> ProcessConfig:
     """One process of the run's job: the spec's training knobs as they are, the peers' addresses and
-    the fabric's facts (link rate for pacing and profile timing, datagram payload at the MTU, and whether
-    mlt sprays: a source port per datagram under lb spray, else one, a flow per peer as TCP's)."""
+    the fabric's facts (link rate for pacing and profile timing, datagram payload at the MTU, whether
+    mlt sprays: a source port per datagram under lb spray, else one, a flow per peer as TCP's, and
+    for the hierarchical all-reduce each worker's leaf)."""
     config = run.config
     training = {field.name: getattr(run.job, field.name) for field in dataclasses.fields(Training)}
     ports, _ = run_source_ports(config)
     index = rank if role == "server" else len(config.server_hosts) + rank
     if config.controller.lb != "spray":
         process.setdefault("sport_range", 1)
+    if run.job.mode == "allreduce" and run.job.collective == "hierarchical":
+        process.setdefault("leaves", worker_leaves(config))
     return ProcessConfig(**training, role=role, rank=rank, source_port=ports[index],
                          workers=[(ip[host], WORKER_PORT) for host in config.worker_hosts],
                          servers=[(ip[host], SERVER_PORT) for host in config.server_hosts],
@@ -209,16 +213,10 @@ def job_document(run: Run, job_id: str, ip: dict[str, str], layers: list[dict] |
             "layers": layer_table(run) if layers is None else layers, "flows": flows}
 
 
-def lower_bound_s(run: Run, sizes: list[int]) -> float:
-    """The analytical bound on the run's communication per iteration (experiments/metrics.py)."""
-    config = run.config
-    return traffic.comm_lower_bound_s(run.job.mode, sum(sizes), config.topology.host_bw, len(config.worker_hosts),
-                              max(1, len(config.server_hosts)), config.topology.mtu, run.job.transport)
-
-
 def traffic_bounds(run: Run, sizes: list[int]) -> dict[str, float]:
     """The bounds the job's traffic puts on an iteration, for its run.json (experiments/traffic.py)."""
-    return {"link_bound_s": traffic.link_bound_s(run, sizes), "tail_comm_s": traffic.tail_comm_s(run, sizes)}
+    return {"comm_bound_s": traffic.comm_bound_s(run, sizes), "link_bound_s": traffic.link_bound_s(run, sizes),
+            "tail_comm_s": traffic.tail_comm_s(run, sizes)}
 
 
 def plan_run(run: Run) -> RunPlan:
@@ -248,7 +246,8 @@ def plan_run(run: Run) -> RunPlan:
                 error.path.split(".")[0], "job")
             raise SpecError(field, f"the controller refuses the job: {error.path}: {error.problem}") from None
     sizes = [layer["bytes"] for layer in layers]
-    plan = RunPlan(run, job_id, planned, layers, document, lower_bound_s(run, sizes), traffic_bounds(run, sizes))
+    bounds = traffic_bounds(run, sizes)
+    plan = RunPlan(run, job_id, planned, layers, document, bounds["comm_bound_s"], bounds)
     check_memory(plan)
     return plan
 

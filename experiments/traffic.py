@@ -1,19 +1,27 @@
 """What a run's job sends where in one iteration, and the bounds that traffic puts on an iteration.
 
-The traffic is the job's own, from its layer sizes and mode: ring all-reduce sends 2(n-1)/n of the
-model from each worker to the next; a parameter-server worker pushes each shard its layers (as
-hostapps/collectives.assign_shards places them) and pulls them back (inference: pulls only). A host
-pair's bytes split evenly over the fabric's shortest paths (what spraying does per packet and ECMP
-does on average over flows; `single` puts each pair on one of them, which only loads links more),
-framing at the MTU included. Background flows, faults and retransmissions are not counted.
+The traffic is the job's own, from its layer sizes and mode: an all-reduce sends what its algorithm's
+schedule sends (hostapps/allreduce: the ring sends 2(n-1)/n of the model from each worker to the next),
+the whole model as one unit, tick by tick as the workers run it (allreduce_ticks); a parameter-server
+worker pushes each shard its layers (as hostapps/collectives.assign_shards places them) and pulls them
+back (inference: pulls only). A host pair's bytes split evenly over the fabric's shortest paths (what
+spraying does per packet and ECMP does on average over flows; `single` puts each pair on one of them,
+which only loads links more), framing at the MTU included. Background flows, faults and
+retransmissions are not counted.
 
-Three bounds: comm_lower_bound_s, the fluid one (host links only, equal shards), and two more:
-- link_bound_s: the busiest link direction of the whole fabric, host links at host_bw and switch
-  links at fabric_bw, shards by their real bytes;
+The bounds:
+- comm_bound_s, the run's lower bound on an iteration's communication (runs.csv's lower_bound_s):
+  for an all-reduce the alpha-beta cost of its algorithm, tick by tick: each tick costs the busiest
+  link direction's bytes at its rate (bandwidth: host links at host_bw, uplinks at fabric_bw, so an
+  algorithm that crosses the spines pays for an oversubscribed fabric) plus the latency of its
+  slowest message (alpha: its last frame, at most an MTU, stored and forwarded by every switch on its
+  path); for a parameter server comm_lower_bound_s, the fluid bound (host links only, equal shards);
+- link_bound_s: the busiest link direction of the whole fabric over the iteration, host links at
+  host_bw and switch links at fabric_bw, shards by their real bytes;
 - tail_comm_s: what must still cross after the last gradient is computed: the front layer (ready
   last in backprop, needed first in the next forward pass) pushed by every worker into its shard,
   and pulled back by every worker once all are in (PS; when sliced, only the last slice's pull
-  waits; inference pulls only), or reduced around the ring (all-reduce).
+  waits; inference pulls only), or all-reduced (the busiest worker's bytes of it).
 metrics.run_metrics combines them with the measured compute: max(link bound, compute + tail).
 """
 from __future__ import annotations
@@ -23,7 +31,9 @@ from functools import cache
 from typing import Sequence
 
 from common.frames import ETHERNET_HEADER_BYTES
-from experiments.spec import Run, layout_of
+from experiments.spec import Run, Topology, layout_of
+from experiments.spec.checks import worker_leaves
+from hostapps.allreduce import AllReduce, make_allreduce
 from hostapps.codec import DATAGRAM_HEADER_BYTES
 from hostapps.collectives import assign_shards
 from hostapps.mlt import IP_UDP_HEADER_BYTES, payload_for_mtu
@@ -31,6 +41,7 @@ from topologies.layout import Layout
 
 LinkKey = frozenset  # a link as the pair of its end nodes' names
 Direction = tuple[str, str]  # a link's direction: (from node, to node)
+Message = tuple[str, str, int]  # a message of the job: from host, to host, payload bytes
 TCP_IP_HEADER_BYTES = 52  # IPv4 20 + TCP 20 + the timestamp option 12
 
 
@@ -62,6 +73,80 @@ def comm_lower_bound_s(mode: str, model_bytes: float, host_bw_mbps: float,
     raise ValueError(f"mode: {mode!r} is not allowed (allreduce or ps)")
 
 
+def allreduce_of(run: Run) -> AllReduce:
+    """The run's all-reduce algorithm over its workers, as the host apps build it."""
+    job = run.job
+    return make_allreduce(job.collective, len(run.config.worker_hosts),
+                          worker_leaves(run.config) if job.collective == "hierarchical" else [])
+
+
+def allreduce_ticks(run: Run, unit_bytes: int) -> list[list[Message]]:
+    """The messages of one all-reduce of a unit of `unit_bytes` (the whole model: an upper bound on any
+    unit, which costs every piece of it one latency at most), tick by tick as the workers run it: cut into
+    segments as the worker cuts a unit (hostapps.worker.AllReduceSync.communicate), segment k one tick
+    behind segment k-1 (hostapps.allreduce.run_allreduce)."""
+    job, workers = run.job, run.config.worker_hosts
+    algorithm = allreduce_of(run)
+    bounds = algorithm.segments(unit_bytes // 4, job.partition_bytes // 4, payload_for_mtu(run.topology.mtu) // 4,
+                                pipeline=job.order == "caramel")
+    schedules = {hi - lo: [algorithm.rounds(rank, hi - lo) for rank in range(len(workers))] for lo, hi in bounds}
+    depth = len(next(iter(schedules.values()))[0])
+    ticks = []
+    for tick in range(len(bounds) + depth - 1 if depth else 0):
+        messages = []
+        for k in range(max(0, tick - depth + 1), min(tick, len(bounds) - 1) + 1):
+            for rank, rounds in enumerate(schedules[bounds[k][1] - bounds[k][0]]):
+                messages += [(workers[rank], workers[t.peer], 4 * (t.hi - t.lo)) for t in rounds[tick - k].sends]
+        ticks.append(messages)
+    return ticks
+
+
+def _link_mbps(topology: Topology, hosts: set[str], direction: Direction, speeds: dict[frozenset, float]) -> float:
+    """A link direction's rate: host_bw at a host, fabric_bw times the link's speed between switches
+    (a fabric file may run a link slower than its tier; speeds: link names -> speed)."""
+    if direction[0] in hosts or direction[1] in hosts:
+        return topology.host_bw
+    return topology.fabric_bw * speeds[frozenset(direction)]
+
+
+def _speeds(layout: Layout) -> dict[frozenset, float]:
+    return {link.names: link.speed for link in layout.links}
+
+
+def tick_seconds(run: Run, ticks: list[list[Message]]) -> list[tuple[float, float]]:
+    """Each tick's cost in the alpha-beta model, (latency, transfer): the latency of its slowest message
+    (its last frame, at most an MTU, through every link after the first: each switch stores and forwards
+    it) and the transfer of its busiest link direction (all the tick's bytes over it, at its rate)."""
+    topology = run.topology
+    layout, wire = layout_of(topology), wire_bytes_per_payload_byte(topology.mtu, run.job.transport)
+    hosts, speeds = {node.name for node in layout.hosts}, _speeds(layout)
+    frame_bits = (topology.mtu + ETHERNET_HEADER_BYTES) * 8
+    costs = []
+    for messages in ticks:
+        carried: dict[Direction, float] = defaultdict(float)
+        latency = 0.0
+        for src, dst, nbytes in messages:
+            for direction, share in path_shares(layout, src, dst).items():
+                carried[direction] += nbytes * wire * share
+            hops = _paths_from(layout, src)[0][dst]
+            last_frame = min(nbytes * wire * 8, frame_bits) if nbytes else 0
+            latency = max(latency, last_frame * ((hops - 2) / topology.fabric_bw + 1 / topology.host_bw) / 1e6)
+        busiest = max((sent * 8 / (_link_mbps(topology, hosts, direction, speeds) * 1e6)
+                       for direction, sent in carried.items()), default=0.0)
+        costs.append((latency, busiest))
+    return costs
+
+
+def comm_bound_s(run: Run, sizes: Sequence[int]) -> float:
+    """The analytical bound on one iteration's communication: an all-reduce's alpha-beta cost (its ticks'
+    latency and busiest link), a parameter server's fluid bound (comm_lower_bound_s)."""
+    config = run.config
+    if run.job.mode != "allreduce":
+        return comm_lower_bound_s(run.job.mode, sum(sizes), config.topology.host_bw, len(config.worker_hosts),
+                                  max(1, len(config.server_hosts)), config.topology.mtu, run.job.transport)
+    return sum(latency + busiest for latency, busiest in tick_seconds(run, allreduce_ticks(run, sum(sizes))))
+
+
 def host_traffic(run: Run, sizes: Sequence[int]) -> dict[Direction, float]:
     """Bytes on the wire from host to host in one iteration of the run's job (sizes: layer bytes)."""
     config = run.config
@@ -69,10 +154,9 @@ def host_traffic(run: Run, sizes: Sequence[int]) -> dict[Direction, float]:
     workers, servers = config.worker_hosts, config.server_hosts
     traffic: dict[Direction, float] = defaultdict(float)
     if run.job.mode == "allreduce":
-        n = len(workers)
-        for rank, host in enumerate(workers):
-            if n > 1:
-                traffic[host, workers[(rank + 1) % n]] += 2 * (n - 1) / n * sum(sizes) * wire
+        for messages in allreduce_ticks(run, sum(sizes)):
+            for src, dst, nbytes in messages:
+                traffic[src, dst] += nbytes * wire
     else:
         owners = assign_shards(sizes, len(servers))
         for shard, server in enumerate(servers):
@@ -108,6 +192,7 @@ def _paths_from(layout: Layout, source: str) -> tuple[dict[str, int], dict[str, 
     return hops, paths
 
 
+@cache
 def path_shares(layout: Layout, src: str, dst: str) -> dict[Direction, float]:
     """The share of src -> dst traffic each link direction carries, split evenly over the shortest paths."""
     (hops_src, paths_src), (hops_dst, paths_dst) = _paths_from(layout, src), _paths_from(layout, dst)
@@ -143,9 +228,7 @@ def link_bound_s(run: Run, sizes: Sequence[int]) -> float:
     topology = run.config.topology
     layout = layout_of(topology)
     hosts = {node.name for node in layout.hosts}
-    speed = {link.names: link.speed for link in layout.links}
-    seconds = [sent * 8 / ((topology.host_bw if hosts & set(direction) else topology.fabric_bw)
-                           * speed[frozenset(direction)] * 1e6)
+    seconds = [sent * 8 / (_link_mbps(topology, hosts, direction, _speeds(layout)) * 1e6)
                for direction, sent in directed_traffic(run, sizes).items()]
     return max(seconds, default=0.0)
 
@@ -153,7 +236,7 @@ def link_bound_s(run: Run, sizes: Sequence[int]) -> float:
 def tail_comm_s(run: Run, sizes: Sequence[int]) -> float:
     """Seconds of communication that cannot overlap the iteration's compute, at host_bw: the front
     layer's n pushes into its shard's link and n pulls out of it (only its last slice's pulls when
-    sliced), or its ring reduction."""
+    sliced), or its all-reduce (the bytes the busiest worker sends or receives)."""
     config, job = run.config, run.job
     if not sizes:
         return 0.0
@@ -164,4 +247,9 @@ def tail_comm_s(run: Run, sizes: Sequence[int]) -> float:
         pulled = min(front, job.ps_slice_bytes) if job.ps_slice_bytes else front
         pushed = front if job.task == "train" else 0
         return n * (pushed + pulled) * seconds_per_byte
-    return 2 * (n - 1) / n * front * seconds_per_byte
+    carried: dict[tuple[str, str], int] = defaultdict(int)
+    for messages in allreduce_ticks(run, front):
+        for src, dst, nbytes in messages:
+            carried[src, "out"] += nbytes
+            carried[dst, "in"] += nbytes
+    return max(carried.values(), default=0) * seconds_per_byte

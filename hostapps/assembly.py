@@ -1,13 +1,14 @@
-"""What every process of a job is built from, worker and server alike: the all-reduce pieces the
-model is cut into, the largest message of the job, and the transport with this process's
-connections (ring neighbours in allreduce; every worker-server pair in ps)."""
+"""What every process of a job is built from, worker and server alike: the all-reduce algorithm and
+the pieces the model is cut into, the largest message of the job, and the transport with this
+process's connections (the algorithm's peers in allreduce; every worker-server pair in ps)."""
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, NamedTuple
 
 from common.schema import defaults
-from hostapps.collectives import float_parts, make_buckets, ring_neighbours
+from hostapps.allreduce import AllReduce, make_allreduce, ring_neighbours
+from hostapps.collectives import float_parts, make_buckets
 from hostapps.config import ProcessConfig
 from hostapps.mlt import MltOptions, MltTransport
 from hostapps.model import FlatModel
@@ -33,9 +34,21 @@ def plan_pieces(model: FlatModel, cfg: ProcessConfig) -> list[Piece]:
     return [Piece(layers, model.layer_slice(layers)) for layers in buckets]
 
 
+def allreduce_of(cfg: ProcessConfig) -> AllReduce:
+    """The job's all-reduce algorithm (--collective) over its workers (and their --leaves)."""
+    return make_allreduce(cfg.collective, cfg.world, cfg.leaves)
+
+
+def agrees(cfg: ProcessConfig) -> bool:
+    """Whether the all-reduce's send order picks among units only once every rank has them (collectives.ring_min
+    around the ring): an order that reorders must, or the ranks would reduce different units and deadlock;
+    ready and caramel take units in backprop's order, the same on every rank."""
+    return cfg.order not in ("ready", "caramel")
+
+
 def largest_message_bytes(cfg: ProcessConfig, model: FlatModel) -> int:
-    """The largest message any process of the job sends: a piece in allreduce (its ring chunks and segments
-    are smaller; bytescheduler's agreement is one int64), a layer in ps (its slices are no larger)."""
+    """The largest message any process of the job sends: a piece in allreduce (no algorithm sends more than a
+    segment of it; bytescheduler's agreement is one int64), a layer in ps (its slices are no larger)."""
     if cfg.mode == "allreduce":
         return max(8, *(4 * (piece.where.stop - piece.where.start) for piece in plan_pieces(model, cfg)))
     return 4 * max(layer.size for layer in model.layers)
@@ -44,14 +57,16 @@ def largest_message_bytes(cfg: ProcessConfig, model: FlatModel) -> int:
 def peers_to_connect(cfg: ProcessConfig) -> tuple[dict[Peer, Address], dict[Peer, Address]]:
     """The peers this process dials and those it accepts, each in rank order: a TCP transport dials its
     j-th peer from --source-port + j, so the order must be the same in every run."""
-    me = Peer(cfg.role, cfg.rank)
     if cfg.role == "server":
         return {}, {Peer("worker", r): address for r, address in enumerate(cfg.workers)}
     if cfg.mode == "ps":
         return {Peer("server", s): address for s, address in enumerate(cfg.servers)}, {}
+    ranks = allreduce_of(cfg).peers(cfg.rank)
+    if agrees(cfg):
+        ranks |= {peer.rank for peer in ring_neighbours(cfg.rank, cfg.world)} - {cfg.rank}
     dial, accept = {}, {}
-    for peer in sorted(set(ring_neighbours(cfg.rank, cfg.world)) - {me}):
-        (dial if peer.rank > cfg.rank else accept)[peer] = cfg.workers[peer.rank]
+    for rank in sorted(ranks):
+        (dial if rank > cfg.rank else accept)[Peer("worker", rank)] = cfg.workers[rank]
     return dial, accept
 
 
@@ -66,7 +81,7 @@ def mlt_options(cfg: ProcessConfig | None = None, max_message_bytes: int = DEFAU
 
 
 def connect_transport(cfg: ProcessConfig, recorder: Recorder, max_message_bytes: int) -> TcpTransport | MltTransport:
-    """Open this process's connections: ring neighbours in allreduce; every worker-server pair in ps.
+    """Open this process's connections: the all-reduce's peers in allreduce; every worker-server pair in ps.
     max_message_bytes: the largest message of the job (largest_message_bytes): a transport refuses to send
     more, and a peer announcing more is refused, not allocated."""
     me = Peer(cfg.role, cfg.rank)

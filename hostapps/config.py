@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from common.frames import DEFAULT_MTU
+from hostapps.allreduce import ALLREDUCES, allreduce_names
 from hostapps.collectives import FUSION_PRESETS, MAX_PS_SLICES, split_bytes
 from hostapps.mlt.wire import payload_for_mtu
 from hostapps.model import FlatModel, Network
@@ -91,6 +92,7 @@ class Training:
     """The knobs of a training job, the same in every process."""
     mode: str = knob("allreduce", choices=lambda: MODES)
     task: str = knob("train", choices=lambda: TASKS)
+    collective: str = knob("ring", choices=allreduce_names)
     model: Model = section(Model)
     iterations: int = knob(60, "an integer 1..10000", lambda n: 1 <= n <= 10_000)
     batch: int = knob(48, "an integer 1..4096 (global batch, split evenly over the workers)", lambda n: 1 <= n <= 4096)
@@ -170,13 +172,18 @@ def inert_knobs(job: Training) -> list[tuple[str, str]]:
         inert.append(("fusion", "fusion buckets are the all-reduce units of the ready, random and tictac "
                       f"orders; {job.mode} mode with send order {order} " + (
                           "has none" if job.mode != "allreduce" else "cuts its own")))
-    if job.partition_bytes != Training.partition_bytes and not (
-            job.mode == "allreduce" and order in ("caramel", "bytescheduler")):
-        inert.append(("partition_bytes", f"only caramel's and bytescheduler's all-reduce units use it, not "
-                      f"send order {order} in {job.mode} mode"))
+    if job.partition_bytes != Training.partition_bytes and not (job.mode == "allreduce" and (
+            order in ("caramel", "bytescheduler") or ALLREDUCES[job.collective].pipelined)):
+        pipelined = " and ".join(name for name, cls in ALLREDUCES.items() if cls.pipelined)
+        inert.append(("partition_bytes", f"only caramel's and bytescheduler's all-reduce units and the {pipelined} "
+                      f"all-reduces' pipeline segments use it, not send order {order} with collective "
+                      f"{job.collective} in {job.mode} mode"))
     if job.credit_bytes != Training.credit_bytes and not (job.mode == "allreduce" and order == "bytescheduler"):
         inert.append(("credit_bytes", f"only bytescheduler's all-reduce uses it, not send order {order} in "
                       f"{job.mode} mode"))
+    if job.collective != Training.collective and job.mode != "allreduce":
+        inert.append(("collective", f"only an all-reduce job has one; {job.mode} mode pushes to and pulls from "
+                      "its servers"))
     if job.ps_slice_bytes and job.mode != "ps":
         inert.append(("ps_slice_bytes", "only a parameter server slices layers; an all-reduce job has none"))
     return inert
@@ -202,6 +209,16 @@ def parse_layer_dscp(text: str) -> dict[int, int]:
             raise ValueError(f"{item!r} is not TENSOR:DSCP with TENSOR 0..{U32} and DSCP 0..63")
         mapping[int(tensor)] = int(dscp)
     return mapping
+
+
+def parse_leaves(text: str) -> list[int]:
+    """`1,1,2,2` -> [1, 1, 2, 2]; an empty string -> []."""
+    leaves = []
+    for item in filter(None, text.split(",")):
+        if not re.fullmatch(r"[0-9]{1,9}", item):
+            raise ValueError(f"{item!r} is not a leaf number 0..999999999")
+        leaves.append(int(item))
+    return leaves
 
 
 def _addresses_text(addresses: list[Address]) -> str:
@@ -236,6 +253,8 @@ class ProcessConfig(Training):
     quiet_ms: float = knob(5.0, "milliseconds > 0, at most --timeout (mlt: silence after which a message "
                            "within the loss bound is complete)", lambda x: 0 < x <= 1000 * MAX_TIMEOUT_S)
     layer_dscp: Any = knob({}, "TENSOR:DSCP,... (mlt: the controller's class per tensor)", parse=parse_layer_dscp)
+    leaves: Any = knob([], "comma-separated leaf number of every worker, by rank (collective hierarchical: the "
+                       "leaf switch each worker's host hangs off)", parse=parse_leaves)
 
     @property
     def world(self) -> int:
@@ -255,6 +274,12 @@ class ProcessConfig(Training):
             raise ConfigError("--rank", f"{self.rank} is out of range for {len(peers)} {self.role}s")
         if len(set(self.workers + self.servers)) != len(self.workers) + len(self.servers):
             raise ConfigError("--workers", "the same address appears twice in --workers/--servers")
+        if self.collective == "hierarchical" and len(self.leaves) != self.world:
+            raise ConfigError("--leaves", f"{len(self.leaves)} leaves for {self.world} workers (collective "
+                              "hierarchical needs the leaf of every worker)")
+        if self.leaves and self.collective != "hierarchical":
+            raise ConfigError("--leaves", f"not allowed with collective {self.collective} (only the hierarchical "
+                              "all-reduce reads it)")
         if self.batch % self.world:
             raise ConfigError("--batch", f"global batch {self.batch} does not split evenly over {self.world} workers")
         if self.quiet_ms > 1000 * self.timeout:
@@ -293,7 +318,8 @@ def process_arguments(cfg: ProcessConfig) -> list[str]:
     """The command line (after the role) that gives back `cfg`."""
     argv = to_arguments(cfg, ProcessConfig)
     for flag, text in (("--workers", _addresses_text(cfg.workers)), ("--servers", _addresses_text(cfg.servers)),
-                       ("--layer-dscp", ",".join(f"{t}:{d}" for t, d in sorted(cfg.layer_dscp.items())))):
+                       ("--layer-dscp", ",".join(f"{t}:{d}" for t, d in sorted(cfg.layer_dscp.items()))),
+                       ("--leaves", ",".join(map(str, cfg.leaves)))):
         index = argv.index(flag)
         argv[index + 1] = text
     return argv

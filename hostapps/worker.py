@@ -14,10 +14,10 @@ from typing import Callable
 import numpy as np
 
 from hostapps import timing
-from hostapps.collectives import (GATHER, PS_PULL, PS_PUSH, Segment, assign_shards, float_parts,
-                                  pipelined_ring_allreduce, ps_key, ps_phase, ps_request_key, ring_min, ring_neighbours,
-                                  ring_phase, ring_step_count, segment_bounds)
-from hostapps.assembly import connect_transport, largest_message_bytes, plan_pieces
+from hostapps.allreduce import GATHER, Segment, ring_neighbours, run_allreduce
+from hostapps.collectives import (PS_PULL, PS_PUSH, assign_shards, float_parts, ps_key, ps_phase, ps_request_key,
+                                  ring_min)
+from hostapps.assembly import agrees, allreduce_of, connect_transport, largest_message_bytes, plan_pieces
 from hostapps.config import ProcessConfig, build_model
 from hostapps.data import ShardedBatches, load_split
 from common.files import atomic_open
@@ -76,7 +76,8 @@ class GradientSync:
 
 
 class AllReduceSync(GradientSync):
-    """Ring all-reduce of each piece once all its layers' gradients exist, then a local SGD step."""
+    """All-reduce of each piece (by the job's --collective) once all its layers' gradients exist, then a local
+    SGD step."""
 
     def __init__(self, cfg: ProcessConfig, transport: Transport, model: FlatModel, recorder: Recorder):
         self.pieces = plan_pieces(model, cfg)
@@ -88,17 +89,17 @@ class AllReduceSync(GradientSync):
                 self.pieces_of_layer[layer].append(p)
         self.layers_missing = [len(piece.layers) for piece in self.pieces]  # per piece, this iteration
         self.pieces_missing = [len(pieces) for pieces in self.pieces_of_layer]  # per layer, this iteration
-        self.left, self.right = ring_neighbours(cfg.rank, cfg.world)
+        self.left, self.right = ring_neighbours(cfg.rank, cfg.world)  # the agreement's ring
+        self.algorithm = allreduce_of(cfg)
         largest = max(piece.where.stop - piece.where.start for piece in self.pieces)
-        self.scratch = np.empty(largest // cfg.world + 1, dtype=np.float32)  # one ring chunk
+        self.scratch = np.empty(self.algorithm.scratch_elements(cfg.rank, largest), dtype=np.float32)
         self.sgd = Sgd(cfg.lr, cfg.momentum, model.params.size)
         self.updated = [-1] * len(model.layers)  # last iteration whose update each layer holds
         self.cond = threading.Condition()
         super().__init__(cfg, transport, model, recorder)
 
     def batching(self) -> tuple[Agree | None, int]:
-        # A send order that reorders must pick among units every rank has, or the ring deadlocks.
-        return (None, 0) if self.cfg.order in ("ready", "caramel") else (self.agree, self.cfg.credit_bytes)
+        return (self.agree, self.cfg.credit_bytes) if agrees(self.cfg) else (None, 0)
 
     def agree(self, first: Unit, arrivals: int) -> int:
         """How many units have arrived on every rank (backprop puts them in the same order everywhere)."""
@@ -118,19 +119,17 @@ class AllReduceSync(GradientSync):
                 self.loop.queue.put(Unit(iteration, p, piece.layers, (piece.where.stop - piece.where.start) * 4))
 
     def communicate(self, units: list[Unit]) -> None:
-        """All-reduce a batch of units (all of one iteration) as one pipeline; caramel cuts each into
-        --partition-bytes segments."""
-        world, segments = self.cfg.world, []
+        """All-reduce a batch of units (all of one iteration) as one pipeline; caramel, or a pipelined algorithm,
+        cuts each into --partition-bytes segments."""
+        cfg, algorithm, segments = self.cfg, self.algorithm, []
         for unit in units:
             flat = self.model.grads[self.pieces[unit.tensor].where]
-            bounds = (segment_bounds(flat.size, self.cfg.partition_bytes // 4, world, self.cfg.mtu_payload // 4)
-                      if self.cfg.order == "caramel" else [(0, flat.size)])
-            segments += [Segment(unit.tensor, k * ring_step_count(world), flat[lo:hi])
-                         for k, (lo, hi) in enumerate(bounds)]
+            bounds = algorithm.segments(flat.size, cfg.partition_bytes // 4, cfg.mtu_payload // 4,
+                                        pipeline=cfg.order == "caramel")
+            segments += [Segment(unit.tensor, k * algorithm.steps, flat[lo:hi]) for k, (lo, hi) in enumerate(bounds)]
         names = self.tensor_names()
         with self.recorder.span(f"allreduce {' '.join(names[u.tensor][0] for u in units)}", "comm"):
-            pipelined_ring_allreduce(self.transport, self.left, self.right, self.cfg.rank, world,
-                                     units[0].iteration, segments, self.scratch)
+            run_allreduce(self.transport, algorithm, cfg.rank, units[0].iteration, segments, self.scratch)
         for unit in units:
             self.sgd.step(self.pieces[unit.tensor].where, self.model.params, self.model.grads)
         with self.cond:
@@ -158,7 +157,7 @@ class AllReduceSync(GradientSync):
         return {**names, self.agreement_tensor: ("agreement", "")}
 
     def phase_of(self, tensor: int, step: int) -> str:
-        return GATHER if tensor == self.agreement_tensor else ring_phase(self.cfg.world, step)
+        return GATHER if tensor == self.agreement_tensor else self.algorithm.phase(step)
 
 
 class PushPullSync(GradientSync):

@@ -8,9 +8,11 @@ from experiments.spec.errors import SpecError, not_allowed
 from experiments.spec.schema import Fault, RunConfig
 from experiments.spec.topology import check_topology, layout_of, topology_links
 from common.schema import show
+from hostapps.allreduce import allreduce_names
 from hostapps.config import check_training
 from hostapps.traces import TraceError, read_trace
 from topologies.cluster import ClusterError, placement
+from topologies.layout import LEAF_ROLES
 
 
 def check_config(config: RunConfig, runs: bool = True) -> None:
@@ -54,6 +56,12 @@ def check_config(config: RunConfig, runs: bool = True) -> None:
         raise not_allowed("controller.lb", "spray", f"ecmp or single with job.transport {job.transport}: a TCP "
                           "connection keeps its 5-tuple, so spraying places it as ecmp does and would change "
                           "nothing; spray with job.transport mlt")
+    if runs and job.mode == "allreduce" and job.collective == "hierarchical" and \
+            len(set(worker_leaves(config))) == workers > 1:
+        others = [name for name in allreduce_names() if name != "hierarchical"]
+        raise not_allowed("job.collective", job.collective, f"{', '.join(others[:-1])} or {others[-1]} here: each "
+                          f"of the {workers} workers is alone on its leaf, so the leaders' ring is the flat ring "
+                          "and it would change nothing")
     if job.spray != "adaptive" and config.controller.lb != "spray":
         raise not_allowed("job.spray", job.spray, "adaptive unless controller.lb spray: on a per-flow fabric mlt "
                           "sends each peer's datagrams from one source port, there is nothing to spray")
@@ -100,6 +108,16 @@ def check_config(config: RunConfig, runs: bool = True) -> None:
                 raise SpecError(f"{path}.{name}", f"missing ({allowed})")
 
 
+def worker_leaves(config: RunConfig) -> list[int]:
+    """The number of the leaf (or edge) switch each worker's host hangs off, by rank (the host apps' --leaves)."""
+    leaf_of = {}
+    for link in layout_of(config.topology).links:
+        for host, switch in ((link.a, link.b), (link.b, link.a)):
+            if not host.is_switch and switch.role in LEAF_ROLES:
+                leaf_of[host.name] = switch.number
+    return [leaf_of[host] for host in config.worker_hosts]
+
+
 def get_field(config: Any, dotted: str) -> Any:
     """config.a.b for dotted key 'a.b'."""
     for part in dotted.split("."):
@@ -111,7 +129,7 @@ def get_field(config: Any, dotted: str) -> Any:
 def mechanisms(config: RunConfig) -> dict[str, Any]:
     """The mechanisms a run switches on, each an independent axis of the testbed: the transport,
     load balancing, the scheduling policy, the loss bound, drop marking, the send order with its
-    own units, and slicing (a parameter server's P3 slices)."""
+    own units, slicing (a parameter server's P3 slices) and the all-reduce's algorithm."""
     job = config.job
     order = job.order
     units = {"caramel": job.partition_bytes, "bytescheduler": (job.partition_bytes, job.credit_bytes)}
@@ -123,6 +141,7 @@ def mechanisms(config: RunConfig) -> dict[str, Any]:
         "drop marking": job.drop_marking,
         "send order": (order, units.get(order, job.fusion if job.mode == "allreduce" else None)),
         "slicing": job.ps_slice_bytes,
+        "collective": job.collective,
     }
 
 

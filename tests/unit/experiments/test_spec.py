@@ -39,6 +39,18 @@ MALFORMED = [
     ("controller: {lb: sprey}", "controller.lb: 'sprey' is not allowed (one of ecmp, spray, single)"),
     ("controller: {sched: p3}", "controller.sched: 'p3' is not allowed (one of fifo, layer, tictac, size)"),
     ("job: {mode: ring}", "job.mode: 'ring' is not allowed (one of allreduce, ps)"),
+    ("job: {collective: butterfly}",
+     "job.collective: 'butterfly' is not allowed (one of ring, halving_doubling, hierarchical, tree)"),
+    ("job: {mode: ps, collective: tree}",
+     "job.collective: 'tree' is not allowed ('ring' here: only an all-reduce job has one; ps mode pushes to and "
+     "pulls from its servers, so it would change nothing)"),
+    ("topology: {leaves: 4, hosts_per_leaf: 1}\njob: {collective: hierarchical}",
+     "job.collective: 'hierarchical' is not allowed (ring, halving_doubling or tree here: each of the 4 workers is "
+     "alone on its leaf, so the leaders' ring is the flat ring and it would change nothing)"),
+    ("job: {collective: halving_doubling, partition_bytes: 4096}",
+     "job.partition_bytes: 4096 is not allowed (65536 here: only caramel's and bytescheduler's all-reduce units "
+     "and the hierarchical and tree all-reduces' pipeline segments use it, not send order ready with collective "
+     "halving_doubling in allreduce mode, so it would change nothing)"),
     ("job: {model: {name: gpt2}}",
      "job.model.name: 'gpt2' is not allowed (one of mlp, resnet50, vgg16, bert_base, trace)"),
     ("job: {model: {scale: 2}}",
@@ -259,6 +271,8 @@ def test_spec_that_would_fail_at_run_time_is_rejected_naming_the_field(text, mes
     {"topology": {"host_bw": 0.8, "fabric_bw": 100000}},
     {"job": {"fusion": "1024", "iterations": 10000, "batch": 4096, "seed": 4294967196}},
     {"job": {"send_order": "caramel", "partition_bytes": 1024}},
+    {"job": {"collective": "tree", "partition_bytes": 1024}},
+    {"job": {"collective": "hierarchical", "workers": ["h1", "h2", "h3"]}},  # h3 alone on its leaf, h1 and h2 not
     {"job": {"mode": "ps", "ps_slice_bytes": 1024}, "repetitions": 100},
     {"background": [{"src": "h1", "dst": "h2", "rate_mbps": 0.001, "start_s": 86400, "duration_s": 86400}]},
 ])
@@ -276,7 +290,7 @@ def test_empty_spec_is_one_run_of_defaults():
 
 SHIPPED_SPEC_RUNS = {"smoke": 2, "default": 24, "headline": 51, "ablation": 42, "headline_contended": 18,
                      "loss_sweep": 12, "tictac": 24, "caramel": 9, "lossy_allreduce": 6, "scale": 6, "spraying": 24,
-                     "bring_your_own": 2}
+                     "bring_your_own": 2, "collectives": 72}
 
 
 @pytest.mark.parametrize("name,runs", SHIPPED_SPEC_RUNS.items())

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from experiments import metrics, traffic
+from experiments import metrics, runplan, traffic
 from experiments.metrics import comm_lower_bound_s, wire_bytes_per_payload_byte
 from experiments.spec import Run, load_spec
 from helpers import REPO
@@ -75,3 +75,80 @@ def test_tight_bound(link, compute, tail, expected):
 def test_tight_bound_is_unknown_without_its_parts():
     assert math.isnan(metrics.tight_bound_s(math.nan, 0.3, 0.05))
     assert math.isnan(metrics.tight_bound_s(0.4, 0.3, math.nan))
+
+
+# --- the all-reduce algorithms' bounds: alpha-beta, tick by tick (h1 h2 on leaf1, h3 h4 on leaf2)
+
+FRAME_BITS = 9014 * 8  # an MTU-9000 frame on the wire
+
+
+def hops_s(fabric: float = 100, host: float = 100, cross: bool = True) -> float:
+    """A message's last frame through the links after its first: leaf-spine-leaf-host, or leaf-host."""
+    return FRAME_BITS * ((2 / fabric if cross else 0) + 1 / host) / 1e6
+
+
+def allreduce_run(collective: str, *sets: str) -> Run:
+    # a pipeline segment larger than the 1 MB model: one segment, every tick by hand
+    pipeline = ("job.partition_bytes=1048576",) if collective in ("tree", "hierarchical") else ()
+    return run_of("allreduce", f"job.collective={collective}", *pipeline, "exclude=[{mode: ps}]", *sets)
+
+
+@pytest.mark.parametrize("collective,expected", [
+    # 6 ticks of a quarter model; h2 -> h3 and h4 -> h1 cross the spines
+    ("ring", 6 * (seconds(MB / 4, 100) + hops_s())),
+    # halving: half to the leaf neighbour, a quarter across; doubling: back again
+    ("halving_doubling", seconds(1.5 * MB, 100) + 2 * hops_s(cross=False) + 2 * hops_s()),
+    # NCCL's trees of 4: 0 -> 2 -> {1, 3} and 3 -> 1 -> {0, 2}, half the model each: h3 (h2) takes two halves
+    # from its children in the first tick and sends two to them in the last; every tick crosses the spines
+    ("tree", seconds(3 * MB, 100) + 4 * hops_s()),
+    # h2 -> h1 and h4 -> h3 on their leaves, the leaders' ring of two across (half a model a tick), and back
+    ("hierarchical", seconds(3 * MB, 100) + 2 * hops_s(cross=False) + 2 * hops_s()),
+])
+def test_each_collectives_bound_is_its_alpha_beta_cost(collective, expected):
+    assert traffic.comm_bound_s(allreduce_run(collective), [MB]) == pytest.approx(expected)
+
+
+def test_uplinks_slower_than_the_host_links_bound_a_collective_that_crosses_them_at_once():
+    # At 25 Mbit/s a leaf's two uplinks carry its two quarter models of halving's second tick (and doubling's
+    # first) at the pace of one at 100; the ring's one flow across each way, an eighth a tick, at that of half.
+    assert traffic.comm_bound_s(allreduce_run("halving_doubling", "topology.fabric_bw=25"), [MB]) == pytest.approx(
+        seconds(3 * MB, 100) + 2 * hops_s(25, cross=False) + 2 * hops_s(25))
+    assert traffic.comm_bound_s(allreduce_run("ring", "topology.fabric_bw=25"), [MB]) == pytest.approx(
+        6 * (seconds(MB / 2, 100) + hops_s(25)))
+
+
+def test_a_pipelined_collective_pays_its_fill_and_gains_the_overlap():
+    one = allreduce_run("tree")
+    piped = run_of("allreduce", "job.collective=tree", "job.partition_bytes=65536", "exclude=[{mode: ps}]")
+    ticks = traffic.allreduce_ticks(piped, MB)
+    # 250000 floats in segments of 4 datagrams (of 2227 floats) in each half, 17816 floats: 14 segments, the last
+    # 576 folded into the 14th; 4 ticks each, one behind the other
+    assert len(ticks) == 14 + 4 - 1
+    # h2 and h3 (two children in one tree, a leaf of the other) send 2 models, h1 and h4 (a root with one child
+    # and a leaf) 1
+    assert sum(nbytes for messages in ticks for _, _, nbytes in messages) == 6 * MB
+    # one segment: the busiest host link carries 3 models in its 4 ticks (a model in the first and the last);
+    # 14: 2 models over 17 ticks, its sends and receives in the same ticks
+    assert traffic.comm_bound_s(piped, [MB]) < 0.85 * traffic.comm_bound_s(one, [MB])
+
+
+def test_the_hierarchical_all_reduce_sends_fewer_bytes_over_the_spines_than_the_ring():
+    """Only the leaders' ring crosses: 2(L-1)/L of the model out of each of L leaves, where the ring's one
+    edge out of each leaf carries 2(n-1)/n of it."""
+    for leaves, hosts in ((2, 2), (2, 4), (4, 2), (3, 3)):
+        sets = [f"topology.leaves={leaves}", f"topology.hosts_per_leaf={hosts}", f"job.batch={48 * leaves * hosts}"]
+        crossing = {}
+        for collective in ("ring", "hierarchical"):
+            carried = traffic.directed_traffic(allreduce_run(collective, *sets), [MB])
+            crossing[collective] = sum(sent for (near, far), sent in carried.items()
+                                       if near.startswith("leaf") and far.startswith("spine"))
+        n, wire = leaves * hosts, wire_bytes_per_payload_byte(9000, "tcp")
+        assert crossing["ring"] == pytest.approx(leaves * 2 * (n - 1) / n * MB * wire, rel=1e-5)
+        assert crossing["hierarchical"] == pytest.approx(leaves * 2 * (leaves - 1) / leaves * MB * wire, rel=1e-5)
+        assert crossing["hierarchical"] < crossing["ring"]
+
+
+def test_the_hierarchical_runs_are_told_their_workers_leaves():
+    run = run_of("allreduce", "job.collective=hierarchical", "job.workers=[h1, h2, h4]", "exclude=[{mode: ps}]")
+    assert [process.config.leaves for process in runplan.processes(run)] == [[1, 1, 2]] * 3
+    assert all(process.config.leaves == [] for process in runplan.processes(run_of("allreduce")))

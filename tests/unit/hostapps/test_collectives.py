@@ -1,4 +1,5 @@
-"""Collectives over real TCP and mlt transports on loopback, one thread per rank."""
+"""Collectives over real TCP and mlt transports on loopback, one thread per rank, and the all-reduce
+algorithms' schedules on their own."""
 import random
 import socket
 import threading
@@ -9,32 +10,91 @@ import pytest
 from hypothesis import example, given, settings, strategies as st, HealthCheck
 
 from hostapps import codec
-from hostapps.collectives import (GATHER, PS_PULL, PS_PUSH, REDUCE, Segment, chunk_bounds, max_segments,
-                                  pipelined_ring_allreduce, ps_phase, ring_allreduce, ring_neighbours, ring_phase,
-                                  ring_step_count, segment_bounds)
+from hostapps.allreduce import (GATHER, REDUCE, Ring, Segment, allreduce_names, chunk_bounds, make_allreduce,
+                                ring_allreduce, ring_neighbours, ring_phase, run_allreduce)
+from hostapps.collectives import PS_PULL, PS_PUSH, ps_phase
 from hostapps.assembly import mlt_options, peers_to_connect
 from hostapps.config import Model, ProcessConfig, build_model
 from hostapps.mlt import MltTransport
 from hostapps.records import Recorder
 from hostapps.server import ParameterShard
-from hostapps.transport import MessageKey, Peer, TcpTransport, TransportError
+from hostapps.transport import MessageKey, Peer, TcpTransport, TransportError, free_loopback_addresses
 
-from helpers.loopback import LOOPBACK_MLT, connect_mesh, free_port, run_threads
+from helpers.loopback import LOOPBACK_MLT, connect_mesh, free_port, run_job, run_threads
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(world=st.integers(1, 4), size=st.integers(0, 3000), seed=st.integers(0, 2**16))
-def test_ring_allreduce_is_the_mean(loopback_addresses, world, size, seed):
+def simulate(algorithm, inputs):
+    """Every rank's rounds in lockstep, no network: in each round every rank's sends, then every rank's
+    receives, then its divisions.  Checks that each message is sent once, received once in a round no
+    earlier than its own, as long at both ends and in the same phase.  Returns the ranks' results and the
+    element ranges each rank finished (divided by the world)."""
+    flats = [x.copy() for x in inputs]
+    rounds = [algorithm.rounds(rank, flat.size) for rank, flat in enumerate(flats)]
+    assert len({len(mine) for mine in rounds}) <= 1, "every rank has as many rounds"
+    mail, finished = {}, [[] for _ in flats]
+    for at in range(len(rounds[0]) if rounds else 0):
+        for rank, flat in enumerate(flats):
+            for t in rounds[rank][at].sends:
+                assert (rank, t.peer, t.step) not in mail, "a message step is sent once"
+                mail[rank, t.peer, t.step] = (flat[t.lo:t.hi].copy(), t.reduce)
+        for rank, flat in enumerate(flats):
+            for t in rounds[rank][at].recvs:
+                data, reduce = mail.pop((t.peer, rank, t.step))  # KeyError: received before it was sent
+                assert (reduce, data.size) == (t.reduce, t.hi - t.lo)
+                if t.reduce:
+                    flat[t.lo:t.hi] += data
+                else:
+                    flat[t.lo:t.hi] = data
+            for lo, hi in rounds[rank][at].scale:
+                flat[lo:hi] *= np.float32(1 / algorithm.world)
+                finished[rank].append((lo, hi))
+    assert not mail, "every message is received"
+    return flats, finished
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=st.sampled_from(allreduce_names()), world=st.integers(1, 40), size=st.integers(0, 300),
+       seed=st.integers(0, 2**16), data=st.data())
+@example(name="halving_doubling", world=7, size=100, seed=0, data=None)  # 4 + 3 folded
+@example(name="hierarchical", world=6, size=10, seed=0, data=None)       # leaves of 1, 2 and 3 ranks
+def test_every_schedule_finishes_each_element_once_and_copies_it_everywhere(name, world, size, seed, data):
+    leaves = ([0, 1, 1, 2, 2, 2] if data is None else
+              data.draw(st.lists(st.integers(0, 5), min_size=world, max_size=world), label="leaves"))
+    algorithm = make_allreduce(name, world, leaves)
+    rng = np.random.default_rng(seed)
+    inputs = [rng.normal(size=size).astype(np.float32) for _ in range(world)]
+    results, finished = simulate(algorithm, inputs)
+    np.testing.assert_allclose(results[0], np.mean(inputs, axis=0), rtol=1e-5, atol=1e-5)
+    assert all(np.array_equal(results[0], result) for result in results)
+    # Each element's mean is finished on exactly one rank (and only copied from there: bit-identical replicas).
+    covered = np.zeros(size, dtype=int)
+    for lo, hi in (chunk for ranges in finished for chunk in ranges):
+        covered[lo:hi] += 1
+    assert covered.tolist() == [1 if world > 1 else 0] * size
+    for rank in range(world):
+        transfers = [t for r in algorithm.rounds(rank, size) for t in (*r.sends, *r.recvs)]
+        assert {t.peer for t in transfers} <= algorithm.peers(rank) and rank not in algorithm.peers(rank)
+        if size:
+            assert {t.peer for t in transfers} == algorithm.peers(rank)
+        assert all(0 <= t.step < algorithm.steps and algorithm.phase(t.step) == (REDUCE if t.reduce else GATHER)
+                   for t in transfers)
+
+
+@settings(max_examples=24, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.sampled_from(allreduce_names()), world=st.integers(1, 5), size=st.integers(0, 3000),
+       segments=st.integers(1, 3), seed=st.integers(0, 2**16))
+def test_every_allreduce_is_the_mean_on_every_rank(loopback_addresses, name, world, size, segments, seed):
     peers = [Peer("worker", r) for r in range(world)]
+    algorithm = make_allreduce(name, world, [rank % 2 for rank in range(world)])
     transports = connect_mesh(peers, loopback_addresses(world))
     rng = np.random.default_rng(seed)
     inputs = [rng.normal(size=size).astype(np.float32) for _ in range(world)]
     arrays = [x.copy() for x in inputs]
 
     def reduce(rank):
-        left, right = ring_neighbours(rank, world)
-        scratch = np.empty(size // world + 1, dtype=np.float32)
-        return lambda: [ring_allreduce(transports[rank], left, right, rank, world, it, 3, arrays[rank], scratch)
+        pipeline = [Segment(3, k * algorithm.steps, arrays[rank][lo:hi])
+                    for k, (lo, hi) in enumerate(chunk_bounds(size, segments))]
+        return lambda: [run_allreduce(transports[rank], algorithm, rank, it, pipeline)
                         for it in range(2)]  # twice: the second round reduces the already-equal means
     try:
         run_threads([reduce(r) for r in range(world)])
@@ -84,22 +144,26 @@ def ps_iteration(addresses, gradients, make=TcpTransport):
 def test_pipeline_segments_fill_whole_datagrams_in_every_ring_chunk():
     # A ResNet-50 profile's first bucket: 267786 elements, 5 ranks, 2227-element (8908-byte) datagrams, 192 KB
     # segments
-    bounds = segment_bounds(267786, 49152, 5, 2227)
+    ring = Ring(5)
+    bounds = ring.segments(267786, 49152, 2227, pipeline=True)
     assert [hi - lo for lo, hi in bounds] == [44540] * 5 + [44540 + 546]  # 4 datagrams a chunk; the rest folded in
     for lo, hi in bounds[:-1]:
         assert [c_hi - c_lo for c_lo, c_hi in chunk_bounds(hi - lo, 5)] == [4 * 2227] * 5
-    assert [hi - lo for lo, hi in segment_bounds(44540 + 30000, 49152, 5, 2227)] == [44540, 30000]  # its own
-    assert segment_bounds(1000, 49152, 5, 2227) == [(0, 1000)]
+    assert [hi - lo for lo, hi in ring.segments(44540 + 30000, 49152, 2227, pipeline=True)] == [44540, 30000]
+    assert ring.segments(1000, 49152, 2227, pipeline=True) == [(0, 1000)]
+    assert ring.segments(267786, 49152, 2227) == [(0, 267786)], "the ring is cut only under caramel"
 
 
-@given(size=st.integers(0, 10**6), segment=st.integers(1, 10**5), world=st.integers(1, 8), grid=st.integers(1, 4000))
-@example(size=37449, segment=1, world=8, grid=1)  # more segments than the step field holds: still whole blocks
-def test_pipeline_segments_cover_the_unit_in_whole_datagram_blocks(size, segment, world, grid):
-    bounds = segment_bounds(size, segment, world, grid)
+@given(size=st.integers(0, 10**6), segment=st.integers(1, 10**5), world=st.integers(1, 8), grid=st.integers(1, 4000),
+       name=st.sampled_from(allreduce_names()))
+@example(size=37449, segment=1, world=8, grid=1, name="ring")  # more segments than the step field holds
+def test_pipeline_segments_cover_the_unit_in_whole_datagram_blocks(size, segment, world, grid, name):
+    algorithm = make_allreduce(name, world, [rank // 2 for rank in range(world)])
+    bounds = algorithm.segments(size, segment, grid, pipeline=True)
     assert bounds[0][0] == 0 and bounds[-1][1] == size
     assert all(a[1] == b[0] and a[0] < a[1] for a, b in zip(bounds, bounds[1:]))
-    assert all((hi - lo) % (world * grid) == 0 for lo, hi in bounds[:-1])
-    assert len(bounds) <= max_segments(world)
+    assert all((hi - lo) % (algorithm.parts * grid) == 0 for lo, hi in bounds[:-1])
+    assert len(bounds) * max(1, algorithm.steps) <= 1 << 16  # every segment's steps fit the frame's step field
 
 
 def test_parameter_server_averages_and_steps(loopback_addresses):
@@ -161,6 +225,27 @@ def test_peers_are_dialed_in_rank_order_in_every_process():
     servers = [("10.0.0.9", 7100 + s) for s in range(3)]
     dial, _ = peers_to_connect(ProcessConfig(role="worker", rank=0, workers=workers, servers=servers, mode="ps"))
     assert list(dial) == [Peer("server", s) for s in range(3)]
+
+
+def ranks_connected(rank: int, **options) -> tuple[list[int], list[int]]:
+    """The worker ranks `rank` of a 5-worker all-reduce dials and accepts."""
+    workers = [("10.0.0.1", 7000 + r) for r in range(5)]
+    dial, accept = peers_to_connect(ProcessConfig(role="worker", rank=rank, workers=workers, **options))
+    return [peer.rank for peer in dial], [peer.rank for peer in accept]
+
+
+def test_each_collective_connects_the_peers_its_schedule_names():
+    # 5 ranks: 4 in the recursive part, rank 0 folded into rank 1 (which is virtual rank 0: partners 2 and 3)
+    assert ranks_connected(0, collective="halving_doubling") == ([1], [])
+    assert ranks_connected(1, collective="halving_doubling") == ([2, 3], [0])
+    # NCCL's trees of 5: 0 -> 4 -> {2 -> {1, 3}}; shifted by one: 1 -> 0 -> {3 -> {2, 4}}
+    assert ranks_connected(0, collective="tree") == ([1, 3, 4], [])
+    assert ranks_connected(2, collective="tree") == ([3, 4], [1])
+    # leaves {0, 1, 2} and {3, 4}: chains 0-1-2 and 3-4; the leaders 0 and 3 in a ring
+    assert ranks_connected(0, collective="hierarchical", leaves=[7, 7, 7, 9, 9]) == ([1, 3], [])
+    assert ranks_connected(2, collective="hierarchical", leaves=[7, 7, 7, 9, 9]) == ([], [1])
+    # bytescheduler agrees around the ring: its neighbours too
+    assert ranks_connected(0, collective="halving_doubling", send_order="bytescheduler") == ([1, 4], [])
 
 
 def test_tcp_dials_from_an_ephemeral_port_when_its_source_port_is_taken(loopback_addresses, capsys):
@@ -302,9 +387,14 @@ def test_a_short_reduce_message_loses_its_partial_sum_and_the_gather_is_exact(lo
     assert transports[1].stats.fragments_retransmitted == 1  # the gather's lost fragment, resent
 
 
-@pytest.mark.parametrize("pipelined", [False, True])
-def test_replicas_stay_bit_identical_under_random_loss(loopback_addresses, pipelined):
-    world, size, iterations = 4, 24_000, 3
+@pytest.mark.parametrize("name,world,pipelined", [
+    ("ring", 4, False), ("ring", 4, True),
+    ("halving_doubling", 5, False),   # one even rank folded into its odd neighbour
+    ("tree", 5, True),
+    ("hierarchical", 5, True),        # leaves of 3 and 2 ranks
+])
+def test_replicas_stay_bit_identical_under_random_loss(loopback_addresses, name, world, pipelined):
+    size, iterations = 24_000, 3
     rng = random.Random(4)
     lock = threading.Lock()
 
@@ -312,41 +402,43 @@ def test_replicas_stay_bit_identical_under_random_loss(loopback_addresses, pipel
         with lock:
             return rng.random() < 0.03
     peers = [Peer("worker", r) for r in range(world)]
-    # A chunk: 6000 floats in 18 fragments (3000 in 9 pipelined): 3600 (1800) bytes, 2 (1) fragments, may be missing.
+    algorithm = make_allreduce(name, world, [0, 0, 0, 1, 1][:world])
+    # The ring's chunk: 6000 floats in 18 fragments (3000 in 9 pipelined): 3600 (1800) bytes, 2 (1) fragments, may
+    # be missing; the others' messages are as large or larger.
     lossy = LossyMlt(drop, loss_bound=0.15)
     transports = connect_mesh(peers, loopback_addresses(world), make=lossy)
     inputs = np.random.default_rng(0).normal(size=(world, size)).astype(np.float32)
     results = [[] for _ in range(world)]
 
     def reduce(rank):
-        left, right = ring_neighbours(rank, world)
-        scratch = np.empty(size // world + 1, dtype=np.float32)
-
         def run():
             for it in range(iterations):
                 flat = inputs[rank].copy()
                 if pipelined:  # two segments, the second one's steps after the first's
                     halves = (flat[:size // 2], flat[size // 2:])
-                    pipelined_ring_allreduce(transports[rank], left, right, rank, world, it,
-                                             [Segment(0, k * ring_step_count(world), h) for k, h in enumerate(halves)],
-                                             scratch)
+                    run_allreduce(transports[rank], algorithm, rank, it,
+                                  [Segment(0, k * algorithm.steps, h) for k, h in enumerate(halves)])
+                elif name == "ring":
+                    left, right = ring_neighbours(rank, world)
+                    ring_allreduce(transports[rank], left, right, rank, world, it, 0, flat)
                 else:
-                    ring_allreduce(transports[rank], left, right, rank, world, it, 0, flat, scratch)
+                    run_allreduce(transports[rank], algorithm, rank, it, [Segment(0, 0, flat)])
                 results[rank].append(flat)
         return run
     try:
         run_threads([reduce(r) for r in range(world)])
     finally:
         run_threads([t.close for t in transports])
-    fractions = lossy.received(lambda key: ring_phase(world, key.step))
-    assert min(lossy.received_per_tensor(lambda key: ring_phase(world, key.step), REDUCE)) >= 0.85
+    fractions = lossy.received(lambda key: algorithm.phase(key.step))
+    assert min(lossy.received_per_tensor(lambda key: algorithm.phase(key.step), REDUCE)) >= 0.85
     assert any(f < 1 for f in fractions[REDUCE])  # not vacuous: some came short
     assert set(fractions[GATHER]) == {1.0}
     for it in range(iterations):
         assert all(np.array_equal(results[0][it], results[rank][it]) for rank in range(world))
-    # Only the zero-filled elements depart from the mean, and then by the contributions they lost.
+    # Only the zero-filled elements depart from the mean: with 3% of the datagrams lost, most are exact (0.88-0.94
+    # of them in the first iteration in 15 runs of these cases).
     exact = np.isclose(results[0][0], inputs.mean(axis=0), rtol=1e-5, atol=1e-6)
-    assert exact.mean() > 0.9
+    assert exact.mean() > 0.8
 
 
 def test_the_parameter_server_averages_each_element_over_the_pushes_that_arrived(loopback_addresses):
@@ -366,3 +458,28 @@ def test_the_parameter_server_averages_each_element_over_the_pushes_that_arrived
         assert np.array_equal(p, pulled[0])
     fractions = lossy.received(lambda key: ps_phase(key.step))
     assert not lost and min(fractions[REDUCE]) < 1 and set(fractions[GATHER]) == {1.0}
+
+
+TRAINING = dict(iterations=8, batch=30, eval_every=0, model=Model(width=32, depth=2), momentum=0.5)
+
+
+@pytest.fixture(scope="module")
+def ring_parameters():
+    """The parameters 5 workers reach with the ring (the same seed for every collective)."""
+    return [result["model"].params for result in run_job(free_loopback_addresses, 5, **TRAINING)]
+
+
+@pytest.mark.parametrize("name,options", [
+    ("halving_doubling", {}),
+    ("tree", {"partition_bytes": 4096}),                                # the pipeline: 1 to 5 segments a layer
+    ("hierarchical", {"partition_bytes": 4096, "leaves": [1, 1, 1, 2, 2]}),
+    # partitions picked front first once every rank has them (the ring agreement beside the algorithm's peers)
+    ("halving_doubling", {"send_order": "bytescheduler", "partition_bytes": 4096, "credit_bytes": 12288}),
+])
+def test_every_collective_trains_to_the_rings_parameters(ring_parameters, name, options):
+    results = [result["model"].params for result in
+               run_job(free_loopback_addresses, 5, collective=name, **options, **TRAINING)]
+    assert all(np.array_equal(results[0], params) for params in results), "replicas bit-identical"
+    assert all(np.array_equal(ring_parameters[0], params) for params in ring_parameters)
+    # The same training: only the order of the sums' additions differs
+    assert np.abs(results[0] - ring_parameters[0]).max() < 1e-5

@@ -70,6 +70,19 @@ LAYER_DSCP = "is not TENSOR:DSCP with TENSOR 0..4294967295 and DSCP 0..63"
                               "allreduce mode)"),
     (["--transport", "quic"], "--transport: quic is not allowed (one of tcp, mlt)"),
     (["--drop-marking"], "--drop-marking: true is not allowed (false unless --loss-bound > 0 with transport mlt)"),
+    (["--collective", "butterfly"], "--collective: butterfly is not allowed (one of ring, halving_doubling, "
+                                    "hierarchical, tree)"),
+    (["--collective", "hierarchical"], "--leaves: 0 leaves for 2 workers (collective hierarchical needs the leaf "
+                                       "of every worker)"),
+    (["--leaves", "1,2"], "--leaves: not allowed with collective ring (only the hierarchical all-reduce reads it)"),
+    (["--collective", "hierarchical", "--leaves", "1,x"], "--leaves: 'x' is not a leaf number 0..999999999"),
+    (["--collective", "tree", *PS], "--collective: 'tree' is not allowed ('ring' here: only an all-reduce job "
+                                    "has one; ps mode pushes to and pulls from its servers, so it would change "
+                                    "nothing)"),
+    (["--partition-bytes", "4096"], "--partition-bytes: 4096 is not allowed (65536 here: only caramel's and "
+                                    "bytescheduler's all-reduce units and the hierarchical and tree all-reduces' "
+                                    "pipeline segments use it, not send order ready with collective ring in "
+                                    "allreduce mode, so it would change nothing)"),
     (["--bogus", "1"], "unrecognized arguments: --bogus 1"),
 ])
 def test_a_bad_number_is_one_line_naming_its_flag(args, message, capsys):
@@ -125,6 +138,8 @@ def test_the_runners_command_line_gives_back_the_config():
                             "--send-order", "best", "--layer-dscp", "0:48,3:40", "--out", "/tmp/x"])
     assert config_from_args(["worker", *process_arguments(cfg)]) == cfg
     assert cfg.order == "tac", "best at a parameter server"
+    cfg = config_from_args([*BASE, "--collective", "hierarchical", "--leaves", "3,1"])
+    assert config_from_args(["worker", *process_arguments(cfg)]) == cfg and cfg.leaves == [3, 1]
 
 
 def test_every_knob_is_a_flag():

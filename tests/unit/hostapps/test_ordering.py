@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from hostapps.collectives import (MAX_PS_SLICES, PS_PULL, PS_PUSH, Segment, float_parts, make_buckets,
-                                  pipelined_ring_allreduce, ps_key, ring_neighbours, ring_step_count)
+from hostapps.allreduce import Ring, Segment, run_allreduce
+from hostapps.collectives import MAX_PS_SLICES, PS_PULL, PS_PUSH, float_parts, make_buckets, ps_key
 from hostapps.config import ConfigError, Model, ProcessConfig, build_model
 from hostapps.profiles import PROFILES, Op, ProfileModel, caramel_backward_order
 from hostapps.send_orders import (TimeOracle, Unit, make_send_order, needed_at, tac_order, tic_priorities,
@@ -236,11 +236,9 @@ def test_pipelined_segments_reduce_to_the_mean_on_every_rank(loopback_addresses)
     arrays = [x.copy() for x in inputs]
 
     def reduce(rank):
-        left, right = ring_neighbours(rank, world)
-        segments = [Segment(7, k * ring_step_count(world), arrays[rank][lo:lo + 200]) for k, lo in
+        segments = [Segment(7, k * Ring(world).steps, arrays[rank][lo:lo + 200]) for k, lo in
                     enumerate(range(0, 1000, 200))]
-        return lambda: pipelined_ring_allreduce(transports[rank], left, right, rank, world, 0, segments,
-                                                np.empty(100, np.float32))
+        return lambda: run_allreduce(transports[rank], Ring(world), rank, 0, segments, np.empty(100, np.float32))
     try:
         run_threads([reduce(r) for r in range(world)])
     finally:

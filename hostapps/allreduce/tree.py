@@ -1,0 +1,101 @@
+"""NCCL's double binary tree all-reduce (Sanders, Speck and Träff, "Two-tree algorithms for full
+bandwidth broadcast, reduction and scan", Parallel Computing 2009; NCCL 2.4's trees)."""
+from __future__ import annotations
+
+from hostapps.allreduce.schedule import AllReduce, Round, Rounds, Transfer, chunk_bounds, register_allreduce
+
+
+def btree_parent(rank: int, world: int) -> int | None:
+    """The parent of `rank` in NCCL's binary tree rooted at 0 (ncclGetBtree): in-order on the rank numbers,
+    a rank's lowest set bit is its level; its parent clears that bit and sets the next one, or, out of range,
+    only clears it.  Every rank that is a leaf here (the odd ones) is an inner node of the mirrored tree."""
+    if rank == 0:
+        return None
+    bit = rank & -rank
+    up = (rank ^ bit) | (bit << 1)
+    return up if up < world else rank ^ bit
+
+
+def double_tree(world: int) -> tuple[list[int | None], list[int | None]]:
+    """The parent of every rank in NCCL's two trees (ncclGetDtree): the binary tree, and the same tree mirrored
+    (rank r as world-1-r) for an even world or shifted by one rank for an odd one, so that a rank is an inner
+    node of at most one tree (in an odd world rank 0 has one child in each)."""
+    first = [btree_parent(r, world) for r in range(world)]
+    if world % 2:
+        shifted = [btree_parent((r - 1) % world, world) for r in range(world)]
+        second = [None if up is None else (up + 1) % world for up in shifted]
+    else:
+        mirrored = [btree_parent(world - 1 - r, world) for r in range(world)]
+        second = [None if up is None else world - 1 - up for up in mirrored]
+    return first, second
+
+
+class Tree:
+    """One tree's shape: each rank's parent, children (by rank), height above its deepest leaf and depth."""
+
+    def __init__(self, parents: list[int | None]):
+        self.parents = parents
+        self.children: list[list[int]] = [[] for _ in parents]
+        for rank, up in enumerate(parents):
+            if up is not None:
+                self.children[up].append(rank)
+        self.root = parents.index(None)
+        self.depth = [0] * len(parents)
+        self.height = [0] * len(parents)
+        order = [self.root]
+        for rank in order:  # breadth first: parents before children
+            for child in self.children[rank]:
+                self.depth[child] = self.depth[rank] + 1
+                order.append(child)
+        for rank in reversed(order):
+            if self.children[rank]:
+                self.height[rank] = 1 + max(self.height[c] for c in self.children[rank])
+
+
+@register_allreduce("tree")
+class DoubleBinaryTree(AllReduce):
+    """Two binary trees, each reducing half of every segment up to its root and broadcasting the mean back
+    down, pipelined over segments of --partition-bytes as NCCL pipelines its chunks.
+
+    A rank has two children in at most one tree and is a leaf of the other, so it sends and receives about
+    twice the segment in all (the ring: 2(n-1)/n of it) over 2 log2(n) rounds of latency
+    (the ring: 2(n-1)).  One tree would cost its inner ranks three segments each way, half again the
+    double tree's bandwidth for the same latency: hence two.  The reduction is a message per tree edge and
+    round: a rank sends up in the round of its height (after its children's partial sums, received in the
+    rounds of theirs), the root divides, and in the broadcast a rank sends down in the round of its depth.
+
+    Loss: the partial sums going up tolerate it (zero-fill, as the ring's reduce-scatter); the broadcast is
+    exact.  Each half's mean is finished by its tree's root alone and copied from there, so every rank
+    ends bit-identical.
+    """
+    pipelined = True
+
+    def __init__(self, world: int, leaves=()):
+        super().__init__(world, leaves)
+        self.trees = [Tree(parents) for parents in double_tree(world)] if world > 1 else []
+        self.levels = max((tree.height[tree.root] for tree in self.trees), default=0)
+        self.steps, self.reduce_steps, self.parts = 4 * self.levels, 2 * self.levels, 2
+
+    def peers(self, rank: int) -> set[int]:
+        linked = set()
+        for tree in self.trees:
+            linked.update(tree.children[rank])
+            if tree.parents[rank] is not None:
+                linked.add(tree.parents[rank])
+        return linked
+
+    def schedule(self, rank: int, size: int) -> list[Round]:
+        levels = self.levels
+        rounds = Rounds(2 * levels)
+        for index, (tree, (lo, hi)) in enumerate(zip(self.trees, chunk_bounds(size, 2))):
+            up, down = index * levels, 2 * levels + index * levels  # the tree's first reduce and broadcast steps
+            parent = tree.parents[rank]
+            for child in tree.children[rank]:
+                rounds.recv(tree.height[child], Transfer(child, up + tree.height[child], lo, hi, True))
+                rounds.send(levels + tree.depth[rank], Transfer(child, down + tree.depth[rank], lo, hi, False))
+            if parent is None:
+                rounds.finish(levels - 1, lo, hi)
+            else:
+                rounds.send(tree.height[rank], Transfer(parent, up + tree.height[rank], lo, hi, True))
+                rounds.recv(levels + tree.depth[parent], Transfer(parent, down + tree.depth[parent], lo, hi, False))
+        return rounds.done()

@@ -1,0 +1,81 @@
+"""Which collective, when (experiments/alphabeta.py): on results whose runs took exactly the alpha-beta
+model's time at a known alpha and beta, the fit gives them back, the prediction is the measurement,
+and the crossings are where the model puts them."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from experiments import alphabeta
+from experiments.columns import runs_columns
+from experiments.results import write_csv
+from experiments.spec import load_spec
+from experiments.traffic import wire_bytes_per_payload_byte
+from helpers import REPO
+
+ALPHA, BETA = 0.015, 1.3 * 8 / 20e6  # 15 ms a round; the host link at 1/1.3 of its 20 Mbit/s
+COMPUTE_S = 0.01
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory) -> Path:
+    """collectives.yaml's flat fabric (ECMP), every run as long as the model says, plus its compute."""
+    out = tmp_path_factory.mktemp("collectives")
+    spec = load_spec(REPO / "experiments" / "collectives.yaml", ["exclude=[{fabric: [oversub-ecmp, oversub-spray]}]"])
+    (out / "spec.yaml").write_text(yaml.safe_dump(spec.resolved_document(), sort_keys=False))
+    rows = []
+    for run in spec.runs:
+        sizes = alphabeta.runplan.layer_table(run)
+        ticks, nbytes = alphabeta.terms(run, sum(layer["bytes"] for layer in sizes))
+        rows.append({"run_id": run.run_id, **run.axes, "rep": run.rep, "mode": "allreduce", "workers": 6,
+                     "iter_time_mean_s": COMPUTE_S + ticks * ALPHA + nbytes * BETA, "compute_s": COMPUTE_S})
+    write_csv(pd.DataFrame(rows, columns=runs_columns([axis.name for axis in spec.axes])), out / "runs.csv")
+    return out
+
+
+def test_runs_that_follow_the_model_give_back_its_alpha_and_beta(out):
+    fitted, _ = alphabeta.write_alphabeta(out)
+    assert len(fitted) == 4 * 6 and set(fitted["fabric"]) == {"fabric=flat-ecmp"}
+    assert fitted["alpha_s"].tolist() == pytest.approx([ALPHA] * 24)
+    assert fitted["beta_s_per_byte"].tolist() == pytest.approx([BETA] * 24)
+    assert fitted["predicted_s"].tolist() == pytest.approx(fitted["measured_s"].tolist())
+    assert fitted["fitted_on"].sum() == 8  # each algorithm's smallest and largest model
+    # the bound's rounds take at most 10.8 ms (a jumbo frame over 3 more hops at 20 Mbit/s), its bytes the links'
+    assert (fitted["measured_over_bound"] > 1).all()
+    assert pd.read_csv(out / "alphabeta.csv")["measured_s"].tolist() == pytest.approx(fitted["measured_s"].tolist())
+
+
+def test_the_ring_and_halving_doubling_cross_where_their_rounds_and_bytes_balance(out):
+    _, crossed = alphabeta.write_alphabeta(out)
+    row = crossed[(crossed["first"] == "ring") & (crossed["second"] == "halving_doubling")].iloc[0]
+    # 10 rounds of a sixth of the model against 6 rounds: 4 more rounds, and 3.5 models a link (the fold,
+    # halving, doubling, unfold) to the ring's 10/6: 4 alpha = (3.5 - 10/6) S beta on the wire
+    wire = wire_bytes_per_payload_byte(9000, "mlt")
+    assert row["predicted_bytes"] == pytest.approx(4 * ALPHA / ((3.5 - 10 / 6) * wire * BETA), rel=0.01)
+    # measured between 58 and 230 KB, where the runs change order; the curves are straight: nearly the model's
+    assert 57640 < row["measured_bytes"] < 230440
+    assert row["measured_over_predicted"] == pytest.approx(1, abs=0.2)
+    assert (pd.read_csv(out / "crossovers.csv")[["first", "second"]].apply(tuple, axis=1).tolist()
+            == crossed[["first", "second"]].apply(tuple, axis=1).tolist())
+
+
+def test_crossings_of_measured_curves_are_interpolated_in_log_size():
+    # -1 at 1 and +1 at 100: half way in log size, at 10
+    assert alphabeta.measured_crossing([1, 100, 1000], [1, 6, 9], [2, 5, 8]) == pytest.approx(10)
+    assert math.isnan(alphabeta.measured_crossing([1, 100], [1, 2], [2, 3]))
+
+
+def test_a_fit_that_would_need_a_negative_term_keeps_the_other_alone():
+    # every time exactly 0.5 s a round, bandwidth falling: beta alone would be negative
+    assert alphabeta.fit([(2, 100, 1.0), (4, 50, 2.0), (6, 10, 3.0)]) == pytest.approx((0.5, 0.0))
+
+
+def test_the_command_line_writes_both_tables_or_says_in_one_line_what_is_missing(out, tmp_path, capsys):
+    assert alphabeta.main([str(out)]) == 0
+    assert "ring" in capsys.readouterr().out and (out / "crossovers.csv").exists()
+    assert alphabeta.main([str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path / 'spec.yaml'}: missing\n"
