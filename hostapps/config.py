@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from common.frames import DEFAULT_MTU
+from hostapps.caramel import BATCHINGS, SCHEDULES, computation_schedule, job_of
 from hostapps.collectives import FUSION_PRESETS, MAX_PS_SLICES, split_bytes
 from hostapps.mlt.wire import payload_for_mtu
 from hostapps.model import FlatModel, Network
@@ -24,8 +25,11 @@ TASKS = ("train", "inference")
 # When a parameter-server shard steps and returns a tensor: as soon as every worker pushed it, or, as
 # TensorFlow's PS does, once the whole iteration's gradients are in (every parameter at once).
 PS_UPDATES = ("tensor", "iteration")
-# The order backprop runs a profile's layers in: reversed, as frameworks do, or Caramel's reordering.
-BACKWARD_ORDERS = ("reverse", "caramel")
+# The computation schedule a profile's ops run in (hostapps/caramel.py): the DAG's listing order
+# forward and its reverse backward, as frameworks run a module list; an arbitrary valid order of the
+# DAG drawn from the seed, as TensorFlow's dataflow executor runs it; or Caramel's, which widens the
+# transfer windows.
+BACKWARD_ORDERS = SCHEDULES
 TRANSPORTS = ("tcp", "mlt")
 # How mlt draws a datagram's source port on a spraying fabric: away from the paths its receiver saw
 # queue (hostapps.mlt.paths), or blind, at random over every port.
@@ -105,6 +109,12 @@ class Training:
                                lambda n: n == 0 or (_piece(n) and n % 4 == 0))
     ps_update: str = knob("tensor", choices=lambda: PS_UPDATES)
     backward: str = knob("reverse", choices=lambda: BACKWARD_ORDERS)
+    caramel_batching: str = knob("adaptive", choices=lambda: BATCHINGS)
+    caramel_pipelining: bool = knob(True, "true or false (send order caramel: each unit's ring all-reduce cut into "
+                                    "partition_bytes segments run as a wavefront)")
+    caramel_step_ms: float = knob(1.0, "milliseconds > 0, at most 1000 (Caramel's cost model: what one message step of "
+                                  "a ring all-reduce costs beyond its bytes; caramel's batching and schedule plan "
+                                  "with it)", lambda x: 0 < x <= 1000)
     eval_every: int = knob(10, "an integer >= 0 (iterations; 0: only at the end)", lambda n: n >= 0)
 
     @property
@@ -162,6 +172,19 @@ def inert_knobs(job: Training) -> list[tuple[str, str]]:
             job.mode == "allreduce" and order in ("caramel", "bytescheduler")):
         inert.append(("partition_bytes", f"only caramel's and bytescheduler's all-reduce units use it, not "
                       f"send order {order} in {job.mode} mode"))
+    caramel = job.mode == "allreduce" and order == "caramel"
+    if caramel and job.partition_bytes != Training.partition_bytes and not (
+            job.caramel_pipelining or job.caramel_batching == "doubling"):
+        inert.append(("partition_bytes", "caramel cuts no segments with caramel_pipelining false, and its "
+                      f"caramel_batching {job.caramel_batching} does not start from it"))
+    for name in ("caramel_batching", "caramel_pipelining"):
+        if getattr(job, name) != getattr(Training, name) and not caramel:
+            inert.append((name, f"only send order caramel's all-reduce uses it, not send order {order} in "
+                          f"{job.mode} mode"))
+    if job.caramel_step_ms != Training.caramel_step_ms and not (
+            job.backward == "caramel" or (caramel and job.caramel_batching == "adaptive")):
+        inert.append(("caramel_step_ms", "only Caramel's plans use it (backward caramel, or send order caramel "
+                      "with caramel_batching adaptive in allreduce mode)"))
     if job.credit_bytes != Training.credit_bytes and not (job.mode == "allreduce" and order == "bytescheduler"):
         inert.append(("credit_bytes", f"only bytescheduler's all-reduce uses it, not send order {order} in "
                       f"{job.mode} mode"))
@@ -290,9 +313,12 @@ def process_arguments(cfg: ProcessConfig) -> list[str]:
 def build_model(cfg: ProcessConfig) -> FlatModel:
     """The model a run names, initialised from the seed: identical in every process of the job."""
     if cfg.model.profile is not None:
-        model: FlatModel = ProfileModel(PROFILES[cfg.model.profile](), cfg.model.scale, cfg.link_mbps)
-        if cfg.backward == "caramel":
-            model.reorder_backward()
+        profile = ProfileModel(PROFILES[cfg.model.profile](), cfg.model.scale, cfg.link_mbps)
+        profile.run_in(computation_schedule(job_of(profile, cfg.batch // cfg.world), cfg))
+        if cfg.mode == "allreduce" and cfg.order == "caramel":
+            # Caramel's units are runs of gradients in the order backprop readies them: each one slice.
+            profile.lay_out(list(reversed(profile.gradient_order())))
+        model: FlatModel = profile
     else:
         model = Network(cfg.model.width, cfg.model.depth, cfg.model.conv, cfg.seed)
     if cfg.mode == "ps" and len(cfg.servers) > len(model.layers):

@@ -118,13 +118,13 @@ class AllReduceSync(GradientSync):
                 self.loop.queue.put(Unit(iteration, p, piece.layers, (piece.where.stop - piece.where.start) * 4))
 
     def communicate(self, units: list[Unit]) -> None:
-        """All-reduce a batch of units (all of one iteration) as one pipeline; caramel cuts each into
-        --partition-bytes segments."""
+        """All-reduce a batch of units (all of one iteration) as one pipeline; caramel, pipelining, cuts each
+        into --partition-bytes segments."""
         world, segments = self.cfg.world, []
         for unit in units:
             flat = self.model.grads[self.pieces[unit.tensor].where]
             bounds = (segment_bounds(flat.size, self.cfg.partition_bytes // 4, world, self.cfg.mtu_payload // 4)
-                      if self.cfg.order == "caramel" else [(0, flat.size)])
+                      if self.cfg.order == "caramel" and self.cfg.caramel_pipelining else [(0, flat.size)])
             segments += [Segment(unit.tensor, k * ring_step_count(world), flat[lo:hi])
                          for k, (lo, hi) in enumerate(bounds)]
         names = self.tensor_names()
