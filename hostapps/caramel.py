@@ -179,9 +179,12 @@ class Prediction:
 
 
 def predict(job: Job, schedule: Schedule, units: Sequence[Sequence[int]], ring: Ring) -> Prediction:
-    """The time model's iteration: units all-reduced one after the other in the given order (each once its
-    last gradient exists), then the next forward pass, each op waiting for its tensors."""
+    """The time model's iteration: units all-reduced one after the other in the order their last gradients
+    are readied (a send queue's first in, first out), each once that gradient exists, then the next
+    forward pass, each op waiting for its tensors."""
     bounds = transfer_boundaries(job, schedule)
+    place = {p: k for k, p in enumerate(gradient_order(job.graph, schedule))}
+    units = sorted(units, key=lambda unit: max(place[p] for p in unit))
     costs = ring.seconds_of(np.array([sum(job.nbytes[p] for p in unit) for unit in units], dtype=float))
     free, arrival = 0.0, {}
     for unit, cost in zip(units, costs):
@@ -387,3 +390,19 @@ def caramel_pieces(model: FlatModel, cfg: ProcessConfig) -> list[tuple[int, ...]
     job = job_of(model, cfg.batch // cfg.world)
     schedule = model.schedule if isinstance(model, ProfileModel) else listing_schedule(job.graph)
     return caramel_units(job, schedule, cfg)
+
+
+def predicted_iteration_s(cfg: ProcessConfig, step_s: float) -> Prediction:
+    """What the time model predicts for an all-reduce job's steady iteration when a message step costs
+    `step_s` (the job plans with its own caramel_step_ms): its units as the worker cuts them (per tensor,
+    fusion buckets, or caramel's), its schedule, pipelined as it pipelines."""
+    from hostapps.assembly import plan_pieces
+    from hostapps.config import build_model
+    model = build_model(cfg)
+    job = job_of(model, cfg.batch // cfg.world)
+    schedule = model.schedule if isinstance(model, ProfileModel) else listing_schedule(job.graph)
+    units = [piece.layers for piece in plan_pieces(model, cfg)]
+    pipelined = cfg.order == "caramel" and cfg.caramel_pipelining
+    ring = Ring(cfg.world, cfg.link_mbps * 1e6 / 8, step_s, cfg.partition_bytes if pipelined else 0,
+                cfg.mtu_payload // 4)
+    return predict(job, schedule, units, ring)
