@@ -73,6 +73,8 @@ SCHEDULE_ROUNDS = 4
 LATENESS_TOLERANCE_S = 1e-5
 SCHEDULES = ("reverse", "dataflow", "caramel")
 BATCHINGS = ("adaptive", "doubling", "none")
+# Send order caramel's pipelining: a unit's ring all-reduce as a wavefront of segments, or whole.
+PIPELININGS = ("segments", "none")
 
 
 # -- the cost of one ring all-reduce -------------------------------------------------------------------
@@ -354,6 +356,12 @@ def job_of(model: FlatModel, rows: int) -> Job:
                tuple(int(layer.size) * 4 for layer in model.layers))
 
 
+def pipelines(cfg: ProcessConfig) -> bool:
+    """Whether the job's all-reduce units go as wavefronts of segments: send order caramel, caramel_pipelining
+    segments."""
+    return cfg.order == "caramel" and cfg.caramel_pipelining == "segments"
+
+
 def ring_of(cfg: ProcessConfig, pipelined: bool) -> Ring:
     """The cost model of the job's ring: its link rate, `caramel_step_ms`, and caramel's segments if pipelined."""
     return Ring(cfg.world, cfg.link_mbps * 1e6 / 8, cfg.caramel_step_ms / 1000,
@@ -368,7 +376,7 @@ def computation_schedule(job: Job, cfg: ProcessConfig) -> Schedule:
         return dataflow_schedule(job.graph, cfg.seed)
     if cfg.backward == "caramel":
         if cfg.mode == "allreduce" and cfg.order == "caramel" and cfg.caramel_batching == "adaptive":
-            ring = ring_of(cfg, cfg.caramel_pipelining)
+            ring = ring_of(cfg, pipelines(cfg))
             return caramel_schedule(job, ring, lambda job, schedule: adaptive_batches(job, schedule, ring))
         return caramel_schedule(job, ring_of(cfg, pipelined=False))
     return listing_schedule(job.graph)
@@ -378,7 +386,7 @@ def caramel_units(job: Job, schedule: Schedule, cfg: ProcessConfig) -> list[tupl
     """Send order caramel's all-reduce units, by `caramel_batching`: adaptive, doubling from
     partition_bytes, or none (one per tensor); in the order backprop readies their gradients."""
     if cfg.caramel_batching == "adaptive":
-        return adaptive_batches(job, schedule, ring_of(cfg, cfg.caramel_pipelining))
+        return adaptive_batches(job, schedule, ring_of(cfg, pipelines(cfg)))
     if cfg.caramel_batching == "doubling":
         return doubling_batches(job, schedule, cfg.partition_bytes)
     return per_tensor(job, schedule)
@@ -402,7 +410,6 @@ def predicted_iteration_s(cfg: ProcessConfig, step_s: float) -> Prediction:
     job = job_of(model, cfg.batch // cfg.world)
     schedule = model.schedule if isinstance(model, ProfileModel) else listing_schedule(job.graph)
     units = [piece.layers for piece in plan_pieces(model, cfg)]
-    pipelined = cfg.order == "caramel" and cfg.caramel_pipelining
-    ring = Ring(cfg.world, cfg.link_mbps * 1e6 / 8, step_s, cfg.partition_bytes if pipelined else 0,
+    ring = Ring(cfg.world, cfg.link_mbps * 1e6 / 8, step_s, cfg.partition_bytes if pipelines(cfg) else 0,
                 cfg.mtu_payload // 4)
     return predict(job, schedule, units, ring)

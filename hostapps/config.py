@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from common.frames import DEFAULT_MTU
-from hostapps.caramel import BATCHINGS, SCHEDULES, computation_schedule, job_of
+from hostapps.caramel import BATCHINGS, PIPELININGS, SCHEDULES, computation_schedule, job_of
 from hostapps.collectives import FUSION_PRESETS, MAX_PS_SLICES, split_bytes
 from hostapps.mlt.wire import payload_for_mtu
 from hostapps.model import FlatModel, Network
@@ -110,8 +110,7 @@ class Training:
     ps_update: str = knob("tensor", choices=lambda: PS_UPDATES)
     backward: str = knob("reverse", choices=lambda: BACKWARD_ORDERS)
     caramel_batching: str = knob("adaptive", choices=lambda: BATCHINGS)
-    caramel_pipelining: bool = knob(True, "true or false (send order caramel: each unit's ring all-reduce cut into "
-                                    "partition_bytes segments run as a wavefront)")
+    caramel_pipelining: str = knob("segments", choices=lambda: PIPELININGS)
     caramel_step_ms: float = knob(1.0, "milliseconds > 0, at most 1000 (Caramel's cost model: what one message step of "
                                   "a ring all-reduce costs beyond its bytes; caramel's batching and schedule plan "
                                   "with it)", lambda x: 0 < x <= 1000)
@@ -174,8 +173,8 @@ def inert_knobs(job: Training) -> list[tuple[str, str]]:
                       f"send order {order} in {job.mode} mode"))
     caramel = job.mode == "allreduce" and order == "caramel"
     if caramel and job.partition_bytes != Training.partition_bytes and not (
-            job.caramel_pipelining or job.caramel_batching == "doubling"):
-        inert.append(("partition_bytes", "caramel cuts no segments with caramel_pipelining false, and its "
+            job.caramel_pipelining == "segments" or job.caramel_batching == "doubling"):
+        inert.append(("partition_bytes", "caramel cuts no segments with caramel_pipelining none, and its "
                       f"caramel_batching {job.caramel_batching} does not start from it"))
     for name in ("caramel_batching", "caramel_pipelining"):
         if getattr(job, name) != getattr(Training, name) and not caramel:

@@ -18,6 +18,7 @@ from hostapps.collectives import (GATHER, PS_PULL, PS_PUSH, Segment, assign_shar
                                   pipelined_ring_allreduce, ps_key, ps_phase, ps_request_key, ring_min, ring_neighbours,
                                   ring_phase, ring_step_count, segment_bounds)
 from hostapps.assembly import connect_transport, largest_message_bytes, plan_pieces
+from hostapps.caramel import pipelines
 from hostapps.config import ProcessConfig, build_model
 from hostapps.data import ShardedBatches, load_split
 from common.files import atomic_open
@@ -124,7 +125,7 @@ class AllReduceSync(GradientSync):
         for unit in units:
             flat = self.model.grads[self.pieces[unit.tensor].where]
             bounds = (segment_bounds(flat.size, self.cfg.partition_bytes // 4, world, self.cfg.mtu_payload // 4)
-                      if self.cfg.order == "caramel" and self.cfg.caramel_pipelining else [(0, flat.size)])
+                      if pipelines(self.cfg) else [(0, flat.size)])
             segments += [Segment(unit.tensor, k * ring_step_count(world), flat[lo:hi])
                          for k, (lo, hi) in enumerate(bounds)]
         names = self.tensor_names()

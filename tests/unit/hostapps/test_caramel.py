@@ -13,7 +13,7 @@ from hostapps.caramel import (Job, Ring, adaptive_batches, caramel_pieces, caram
                               doubling_batches, job_of, lawler_backward, per_tensor, predict, segment_counts,
                               transfer_boundaries)
 from hostapps.collectives import make_buckets, max_segments, segment_bounds
-from hostapps.config import ConfigError, Model, ProcessConfig, build_model
+from hostapps.config import ConfigError, Model, ProcessConfig, build_model, config_from_args, process_arguments
 from hostapps.profiles import (PROFILES, Op, ProfileModel, Schedule, chain_graph, gradient_order, listing_schedule,
                                schedule_error)
 from helpers.loopback import run_job
@@ -276,7 +276,7 @@ def test_caramel_ends_with_the_baseline_s_parameters(loopback_addresses):
 
 
 @pytest.mark.parametrize("knobs", [dict(caramel_batching="doubling"), dict(caramel_batching="none"),
-                                   dict(caramel_pipelining=False), dict(caramel_step_ms=0.01)])
+                                   dict(caramel_pipelining="none"), dict(caramel_step_ms=0.01)])
 def test_every_caramel_variant_keeps_the_single_worker_parameters(loopback_addresses, knobs):
     options = dict(iterations=8, batch=32, eval_every=0, model=Model(width=64, depth=2), momentum=0.5)
     single = run_job(loopback_addresses, 1, **options)[0]["model"].params
@@ -287,11 +287,11 @@ def test_every_caramel_variant_keeps_the_single_worker_parameters(loopback_addre
 @pytest.mark.parametrize("knobs, message", [
     (dict(caramel_batching="none"), "--caramel-batching: 'none' is not allowed ('adaptive' here: only send order "
                                     "caramel's all-reduce uses it, not send order ready in allreduce mode"),
-    (dict(caramel_pipelining=False, send_order="bytescheduler"), "--caramel-pipelining: False is not allowed"),
+    (dict(caramel_pipelining="none", send_order="bytescheduler"), "--caramel-pipelining: 'none' is not allowed"),
     (dict(caramel_step_ms=0.5), "--caramel-step-ms: 0.5 is not allowed (1.0 here: only Caramel's plans use it"),
     (dict(caramel_step_ms=0.5, send_order="caramel", caramel_batching="doubling"), "--caramel-step-ms: 0.5"),
-    (dict(send_order="caramel", caramel_pipelining=False, partition_bytes=4096),
-     "--partition-bytes: 4096 is not allowed (65536 here: caramel cuts no segments with caramel_pipelining false"),
+    (dict(send_order="caramel", caramel_pipelining="none", partition_bytes=4096),
+     "--partition-bytes: 4096 is not allowed (65536 here: caramel cuts no segments with caramel_pipelining none"),
 ])
 def test_a_caramel_knob_that_changes_nothing_is_refused(knobs, message):
     cfg = ProcessConfig(role="worker", rank=0, workers=[("127.0.0.1", 1)], model=Model("inception_v3"), **knobs)
@@ -301,7 +301,15 @@ def test_a_caramel_knob_that_changes_nothing_is_refused(knobs, message):
 
 @pytest.mark.parametrize("knobs", [dict(backward="caramel", caramel_step_ms=0.5),
                                    dict(send_order="caramel", caramel_step_ms=0.5),
-                                   dict(send_order="caramel", caramel_batching="doubling", caramel_pipelining=False,
+                                   dict(send_order="caramel", caramel_batching="doubling", caramel_pipelining="none",
                                         partition_bytes=4096)])
 def test_caramel_knobs_that_act_are_allowed(knobs):
     ProcessConfig(role="worker", rank=0, workers=[("127.0.0.1", 1)], model=Model("inception_v3"), **knobs).validate()
+
+
+@pytest.mark.parametrize("knobs", [dict(caramel_pipelining="none", caramel_batching="doubling", backward="dataflow"),
+                                   dict(caramel_pipelining="none", caramel_step_ms=0.5, backward="caramel")])
+def test_caramel_knobs_survive_the_command_line_the_runner_writes(knobs):
+    cfg = ProcessConfig(role="worker", rank=0, workers=[("127.0.0.1", 1)], send_order="caramel",
+                        model=Model("inception_v3"), **knobs)
+    assert config_from_args(["worker", *process_arguments(cfg)]) == cfg
