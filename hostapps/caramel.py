@@ -66,8 +66,8 @@ if TYPE_CHECKING:
     from hostapps.config import ProcessConfig
     from hostapps.model import FlatModel
 
-# Schedules a caramel computation schedule alternates between (backward for the forward order, then
-# forward for the backward order) before it keeps the best it saw.
+# Rounds of Caramel's schedule search: each plans backprop for the current forward order, then the
+# forward pass for that backprop; the best schedule seen is kept.
 SCHEDULE_ROUNDS = 4
 # The lateness the adaptive batching settles for: within this of the best the model allows.
 LATENESS_TOLERANCE_S = 1e-5
