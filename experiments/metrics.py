@@ -143,19 +143,22 @@ def training_window_s(iterations: pd.DataFrame) -> tuple[float, float]:
 def run_metrics(iterations: pd.DataFrame, tensors: pd.DataFrame, summaries: pd.DataFrame, *,
                 mode: str, workers: int, servers: int, batch: int, host_bw_mbps: float,
                 target_accuracy: float, mtu: int, transport: str, link_bound_s: float = math.nan,
-                tail_comm_s: float = math.nan) -> dict[str, float]:
+                tail_comm_s: float = math.nan, comm_bound_s: float = math.nan) -> dict[str, float]:
     """The performance columns of one run's runs.csv row (not speedup_vs_baseline, not the guard's).
 
     iterations/tensors: the run's rows of the combined CSVs; summaries: one row per host-app
     process with role and the summary.json fields. batch is the global batch. link_bound_s and
-    tail_comm_s (experiments/traffic.py) make the tight bound: max(link bound, compute + tail).
+    tail_comm_s (experiments/traffic.py) make the tight bound: max(link bound, compute + tail);
+    comm_bound_s (experiments/traffic.py: an all-reduce's alpha-beta cost) is the lower bound's
+    communication, the fluid comm_lower_bound_s for a run recorded without it.
     """
     iter_times = iteration_times_s(iterations)
     iter_mean = float(iter_times.mean()) if len(iter_times) else math.nan
     compute = float(_steady(iterations)["compute_s"].mean())
     worker_summaries = summaries[summaries["role"] == "worker"]
     model_bytes = float(worker_summaries["bytes_per_iteration"].iloc[0]) if len(worker_summaries) else math.nan
-    comm_bound = comm_lower_bound_s(mode, model_bytes, host_bw_mbps, workers, servers, mtu, transport)
+    comm_bound = (comm_bound_s if not math.isnan(comm_bound_s) else
+                  comm_lower_bound_s(mode, model_bytes, host_bw_mbps, workers, servers, mtu, transport))
     comm = comm_time_s(tensors)
     return {
         "iter_time_mean_s": iter_mean,

@@ -201,7 +201,7 @@ def write_run_record(out_dir: str | Path, run: Run, status: str, start_s: float,
                      error: str = "", faults: list[str] = (), bounds: dict[str, float] | None = None) -> Path:
     """runs/<run_id>/run.json: the run (see Run.to_dict), epoch start/end, status, error, the
     faults it survived (or not): e.g. a controller restarted, and the bounds its traffic puts on an
-    iteration (experiments/traffic.py: link_bound_s, tail_comm_s)."""
+    iteration (experiments/traffic.py: comm_bound_s, link_bound_s, tail_comm_s)."""
     if status not in RUN_STATUSES:
         raise ValueError(f"status: {status!r} is not allowed (one of {', '.join(RUN_STATUSES)})")
     path = run_dir(out_dir, run.run_id) / "run.json"
@@ -332,7 +332,8 @@ def checked_run_record(out_dir: str | Path, run_id: str) -> dict[str, Any] | Non
     error = "" if record.get("error") is None else record["error"]
     if not isinstance(error, str):
         raise Damaged(path, f"error: {_shown(error)} is not a string")
-    bounds = {name: _number(path, record, name) for name in ("link_bound_s", "tail_comm_s") if name in record}
+    bounds = {name: _number(path, record, name) for name in ("comm_bound_s", "link_bound_s", "tail_comm_s")
+              if name in record}
     return {**record, "faults": faults, "error": error, **bounds}
 
 
@@ -556,7 +557,7 @@ def _run_row(out: Path, run: Run, record: dict[str, Any], records: dict[str, pd.
         batch=config.job.batch, host_bw_mbps=config.topology.host_bw,
         target_accuracy=config.job.target_accuracy, mtu=config.topology.mtu,
         transport=config.job.transport, link_bound_s=record.get("link_bound_s", math.nan),
-        tail_comm_s=record.get("tail_comm_s", math.nan)))
+        tail_comm_s=record.get("tail_comm_s", math.nan), comm_bound_s=record.get("comm_bound_s", math.nan)))
     if records["models"] is not None:
         row["replica_divergence"] = metrics.replica_divergence(records["models"])
     start_s, end_s = metrics.training_window_s(iterations)

@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 
 from common.schema import defaults
 from hostapps.allreduce import AllReduce, make_allreduce, ring_neighbours
+from hostapps.caramel import caramel_pieces
 from hostapps.collectives import float_parts, make_buckets
 from hostapps.config import ProcessConfig
 from hostapps.mlt import MltOptions, MltTransport
@@ -23,14 +24,13 @@ class Piece(NamedTuple):
 
 
 def plan_pieces(model: FlatModel, cfg: ProcessConfig) -> list[Piece]:
-    """The all-reduce units, in backward order: partitions of each layer (bytescheduler), buckets
-    doubling from --partition-bytes (caramel), or --fusion buckets."""
+    """The all-reduce units, in backward order: partitions of each layer (bytescheduler), Caramel's units
+    (caramel.caramel_pieces), or --fusion buckets."""
     if cfg.order == "bytescheduler":
         return [Piece((layer,), part) for layer in reversed(range(len(model.layers)))
                 for part in float_parts(model.layer_slice((layer,)), cfg.partition_bytes)]
     sizes = [int(model.layer_grads(i).nbytes) for i in range(len(model.layers))]
-    buckets = (make_buckets(sizes, cfg.partition_bytes, growth=2) if cfg.order == "caramel"
-               else make_buckets(sizes, cfg.fusion_bytes))
+    buckets = caramel_pieces(model, cfg) if cfg.order == "caramel" else make_buckets(sizes, cfg.fusion_bytes)
     return [Piece(layers, model.layer_slice(layers)) for layers in buckets]
 
 

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from common.frames import DEFAULT_MTU
 from hostapps.allreduce import ALLREDUCES, allreduce_names
+from hostapps.caramel import BATCHINGS, PIPELININGS, SCHEDULES, computation_schedule, job_of
 from hostapps.collectives import FUSION_PRESETS, MAX_PS_SLICES, split_bytes
 from hostapps.mlt.wire import payload_for_mtu
 from hostapps.model import FlatModel, Network
@@ -26,8 +27,11 @@ TASKS = ("train", "inference")
 # When a parameter-server shard steps and returns a tensor: as soon as every worker pushed it, or, as
 # TensorFlow's PS does, once the whole iteration's gradients are in (every parameter at once).
 PS_UPDATES = ("tensor", "iteration")
-# The order backprop runs a profile's layers in: reversed, as frameworks do, or Caramel's reordering.
-BACKWARD_ORDERS = ("reverse", "caramel")
+# The computation schedule a profile's ops run in (hostapps/caramel.py): the DAG's listing order
+# forward and its reverse backward, as frameworks run a module list; an arbitrary valid order of the
+# DAG drawn from the seed, as TensorFlow's dataflow executor runs it; or Caramel's, which widens the
+# transfer windows.
+BACKWARD_ORDERS = SCHEDULES
 TRANSPORTS = ("tcp", "mlt")
 # How mlt draws a datagram's source port on a spraying fabric: away from the paths its receiver saw
 # queue (hostapps.mlt.paths), or blind, at random over every port.
@@ -115,6 +119,11 @@ class Training:
                                lambda n: n == 0 or (_piece(n) and n % 4 == 0))
     ps_update: str = knob("tensor", choices=lambda: PS_UPDATES)
     backward: str = knob("reverse", choices=lambda: BACKWARD_ORDERS)
+    caramel_batching: str = knob("adaptive", choices=lambda: BATCHINGS)
+    caramel_pipelining: str = knob("segments", choices=lambda: PIPELININGS)
+    caramel_step_ms: float = knob(1.0, "milliseconds > 0, at most 1000 (Caramel's cost model: what one message step of "
+                                  "a ring all-reduce costs beyond its bytes; caramel's batching and schedule plan "
+                                  "with it)", lambda x: 0 < x <= 1000)
     eval_every: int = knob(10, "an integer >= 0 (iterations; 0: only at the end)", lambda n: n >= 0)
 
     @property
@@ -157,6 +166,9 @@ def check_training(job: Training, label: Callable[[str], str], error: type[Schem
         right = [name for name, cls in SEND_ORDERS.items() if job.mode in cls.modes and name != "ready"]
         raise error(label("send_order"), f"{order!r} is not allowed (ready, best or {', '.join(right)} in "
                     f"{job.mode} mode)")
+    if job.mode == "allreduce" and job.order == "caramel" and job.collective != "ring":
+        raise error(label("collective"), f"{job.collective!r} is not allowed (ring with send order caramel: "
+                    "its batches are planned on a ring all-reduce's time model)")
     for name, why in inert_knobs(job) if runs else []:
         value = getattr(job, name)
         raise error(label(name), f"{value!r} is not allowed ({Training.__dataclass_fields__[name].default!r}"
@@ -178,6 +190,20 @@ def inert_knobs(job: Training) -> list[tuple[str, str]]:
         inert.append(("partition_bytes", f"only caramel's and bytescheduler's all-reduce units and the {pipelined} "
                       f"all-reduces' pipeline segments use it, not send order {order} with collective "
                       f"{job.collective} in {job.mode} mode"))
+    caramel = job.mode == "allreduce" and order == "caramel"
+    if caramel and job.partition_bytes != Training.partition_bytes and not (
+            job.caramel_pipelining == "segments" or job.caramel_batching == "doubling"
+            or ALLREDUCES[job.collective].pipelined):
+        inert.append(("partition_bytes", "caramel cuts no segments with caramel_pipelining none, and its "
+                      f"caramel_batching {job.caramel_batching} does not start from it"))
+    for name in ("caramel_batching", "caramel_pipelining"):
+        if getattr(job, name) != getattr(Training, name) and not caramel:
+            inert.append((name, f"only send order caramel's all-reduce uses it, not send order {order} in "
+                          f"{job.mode} mode"))
+    if job.caramel_step_ms != Training.caramel_step_ms and not (
+            job.backward == "caramel" or (caramel and job.caramel_batching == "adaptive")):
+        inert.append(("caramel_step_ms", "only Caramel's plans use it (backward caramel, or send order caramel "
+                      "with caramel_batching adaptive in allreduce mode)"))
     if job.credit_bytes != Training.credit_bytes and not (job.mode == "allreduce" and order == "bytescheduler"):
         inert.append(("credit_bytes", f"only bytescheduler's all-reduce uses it, not send order {order} in "
                       f"{job.mode} mode"))
@@ -329,12 +355,15 @@ def build_model(cfg: ProcessConfig) -> FlatModel:
     """The model a run names, initialised from the seed: identical in every process of the job."""
     if cfg.model.profile is not None:
         try:
-            profile = trace_profile(cfg.model.trace) if cfg.model.trace else PROFILES[cfg.model.profile]()
+            source = trace_profile(cfg.model.trace) if cfg.model.trace else PROFILES[cfg.model.profile]()
         except TraceError as error:
             raise ConfigError("--model-trace", f"{cfg.model.trace!r} {error}") from None
-        model: FlatModel = ProfileModel(profile, cfg.model.scale, cfg.link_mbps)
-        if cfg.backward == "caramel":
-            model.reorder_backward()
+        profile = ProfileModel(source, cfg.model.scale, cfg.link_mbps)
+        profile.run_in(computation_schedule(job_of(profile, cfg.batch // cfg.world), cfg))
+        if cfg.mode == "allreduce" and cfg.order == "caramel":
+            # Caramel's units are runs of gradients in the order backprop readies them: each one slice.
+            profile.lay_out(list(reversed(profile.gradient_order())))
+        model: FlatModel = profile
     else:
         model = Network(cfg.model.width, cfg.model.depth, cfg.model.conv, cfg.seed)
     if cfg.mode == "ps" and len(cfg.servers) > len(model.layers):

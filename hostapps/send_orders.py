@@ -11,7 +11,8 @@ each mode.
   is TicTac's baseline, no enforced order.
 * Allreduce mode: every rank must take the same units in the same order or the
   ring deadlocks.  `ready` and `caramel` pick in ready order, identical on
-  every rank since backprop produces gradients in a fixed order.
+  every rank since backprop produces gradients in the same order on every
+  rank (the schedule of the knob `backward` is computed alike everywhere).
   `bytescheduler` picks by priority, so its SendLoop first agrees with the
   other ranks on how many units are ready everywhere (`agree`), and picks
   only among those.
@@ -324,15 +325,12 @@ class Tac(SendOrder):
 
 @register_send_order("caramel")
 class Caramel(ReadyOrder):
-    """Caramel-style overlap (Hashemi, Abdu Jyothi, Godfrey, Campbell, "Caramel: Accelerating Decentralized
-    Distributed Deep Learning with Computation Scheduling", arXiv 2004.14020, 2020) for allreduce.
-
-    Buckets grow as backprop proceeds: the first closes at --partition-bytes,
-    each next one at twice the previous, so the first all-reduce starts as
-    soon as the last layers' gradients exist; each bucket's ring all-reduce is
-    cut into segments of about --partition-bytes whose steps are pipelined
-    (each segment's ring chunks fill whole datagrams: collectives.segment_bounds).  Buckets go
-    in ready order, the same on every rank.
+    """Caramel for all-reduce (Hashemi, Abdu Jyothi, Godfrey, Campbell, "Caramel: Accelerating Decentralized
+    Distributed Deep Learning with Computation Scheduling", arXiv 2004.14020, 2020): its units are batches
+    of gradients planned by hostapps/caramel.py (`caramel_batching`: adaptive from the time model's
+    per-step overhead and the tensors' transfer windows, doubling from --partition-bytes, or none), each
+    all-reduced as a pipeline of --partition-bytes segments (`caramel_pipelining`).  They go in ready
+    order, the same on every rank; its computation schedule is the knob `backward`.
     """
     modes = ("allreduce",)
 

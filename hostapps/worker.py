@@ -18,6 +18,7 @@ from hostapps.allreduce import GATHER, Segment, ring_neighbours, run_allreduce
 from hostapps.collectives import (PS_PULL, PS_PUSH, assign_shards, float_parts, ps_key, ps_phase, ps_request_key,
                                   ring_min)
 from hostapps.assembly import agrees, allreduce_of, connect_transport, largest_message_bytes, plan_pieces
+from hostapps.caramel import pipelines
 from hostapps.config import ProcessConfig, build_model
 from hostapps.data import ShardedBatches, load_split
 from common.files import atomic_open
@@ -119,13 +120,13 @@ class AllReduceSync(GradientSync):
                 self.loop.queue.put(Unit(iteration, p, piece.layers, (piece.where.stop - piece.where.start) * 4))
 
     def communicate(self, units: list[Unit]) -> None:
-        """All-reduce a batch of units (all of one iteration) as one pipeline; caramel, or a pipelined algorithm,
-        cuts each into --partition-bytes segments."""
+        """All-reduce a batch of units (all of one iteration) as one pipeline; caramel's pipelining, or a
+        pipelined algorithm, cuts each into --partition-bytes segments."""
         cfg, algorithm, segments = self.cfg, self.algorithm, []
         for unit in units:
             flat = self.model.grads[self.pieces[unit.tensor].where]
             bounds = algorithm.segments(flat.size, cfg.partition_bytes // 4, cfg.mtu_payload // 4,
-                                        pipeline=cfg.order == "caramel")
+                                        pipeline=pipelines(cfg))
             segments += [Segment(unit.tensor, k * algorithm.steps, flat[lo:hi]) for k, (lo, hi) in enumerate(bounds)]
         names = self.tensor_names()
         with self.recorder.span(f"allreduce {' '.join(names[u.tensor][0] for u in units)}", "comm"):

@@ -52,7 +52,8 @@ MALFORMED = [
      "and the hierarchical and tree all-reduces' pipeline segments use it, not send order ready with collective "
      "halving_doubling in allreduce mode, so it would change nothing)"),
     ("job: {model: {name: gpt2}}",
-     "job.model.name: 'gpt2' is not allowed (one of mlp, resnet50, vgg16, bert_base, trace)"),
+     "job.model.name: 'gpt2' is not allowed (one of mlp, resnet50, vgg16, bert_base, inception_v3, bert_base_tf, "
+     "trace)"),
     ("job: {model: {scale: 2}}",
      "job.model.scale: 2 is not allowed (a fraction of the profile's tensor sizes in (0, 1])"),
     ("job: {workers: 0}", "job.workers: 0 is not allowed ('all' hosts but the servers, a count >= 1 "
@@ -289,7 +290,7 @@ def test_empty_spec_is_one_run_of_defaults():
 
 
 SHIPPED_SPEC_RUNS = {"smoke": 2, "default": 24, "headline": 51, "ablation": 42, "headline_contended": 18,
-                     "loss_sweep": 12, "tictac": 24, "caramel": 9, "lossy_allreduce": 6, "scale": 6, "spraying": 24,
+                     "loss_sweep": 12, "tictac": 24, "caramel": 18, "lossy_allreduce": 6, "scale": 6, "spraying": 24,
                      "bring_your_own": 2, "collectives": 72}
 
 

@@ -65,7 +65,8 @@ LAYER_DSCP = "is not TENSOR:DSCP with TENSOR 0..4294967295 and DSCP 0..63"
     (["--layer-dscp", "0:2²"], f"--layer-dscp: '0:2²' {LAYER_DSCP}"),
     (["--layer-dscp", "4294967296:8"], f"--layer-dscp: '4294967296:8' {LAYER_DSCP}"),
     (["--iterations", "1.5"], "--iterations: 1.5 is not allowed (an integer 1..10000)"),
-    (["--model", "alexnet"], "--model: alexnet is not allowed (one of mlp, resnet50, vgg16, bert_base, trace)"),
+    (["--model", "alexnet"], "--model: alexnet is not allowed (one of mlp, resnet50, vgg16, bert_base, inception_v3, "
+                             "bert_base_tf, trace)"),
     (["--send-order", "tac"], "--send-order: 'tac' is not allowed (ready, best or caramel, bytescheduler in "
                               "allreduce mode)"),
     (["--transport", "quic"], "--transport: quic is not allowed (one of tcp, mlt)"),

@@ -5,7 +5,7 @@ import pytest
 from hostapps.allreduce import Ring, Segment, run_allreduce
 from hostapps.collectives import MAX_PS_SLICES, PS_PULL, PS_PUSH, float_parts, make_buckets, ps_key
 from hostapps.config import ConfigError, Model, ProcessConfig, build_model
-from hostapps.profiles import PROFILES, Op, ProfileModel, caramel_backward_order
+from hostapps.profiles import PROFILES, Op, ProfileModel
 from hostapps.send_orders import (TimeOracle, Unit, make_send_order, needed_at, tac_order, tic_priorities,
                                   time_oracle, transfer_dependencies)
 from hostapps.sendloop import SendQueue
@@ -196,32 +196,6 @@ def test_resnet50_profile_is_a_well_formed_branched_dag():
     # The downsample branch runs beside the block's main path: TIC ranks it with the block's first conv.
     priority = tic_priorities(graph)
     assert priority[names.index("layer1.0.downsample.0")] == priority[names.index("layer1.0.conv1")] == 3
-
-
-def test_caramel_backward_order_runs_the_denser_branch_first():
-    # a -> {b (main path), c (shortcut)} -> add -> d: reversed order runs c before b; b readies 10x the
-    # bytes per second of compute, so Caramel runs it first. The root a, read by both, goes last.
-    graph = (Op("a", (), (0,)), Op("b", (0,), (1,)), Op("c", (0,), (2,)), Op("add", (1, 2), ()), Op("d", (3,), (3,)))
-    assert caramel_backward_order(graph, [1.0] * 4, [10, 100, 10, 10]) == [3, 1, 2, 0]
-    assert caramel_backward_order(graph, [1.0] * 4, [10, 10, 100, 10]) == [3, 2, 1, 0]
-    chain = [Op(f"l{k}", (k - 1,) if k else (), (k,)) for k in range(4)]
-    assert caramel_backward_order(chain, [1.0, 2.0, 3.0, 4.0], [400, 1, 50, 7]) == [3, 2, 1, 0]
-
-
-def test_caramel_backward_order_on_resnet50_waits_for_every_reader():
-    model = build_model(ProcessConfig(role="worker", rank=0, workers=[("127.0.0.1", 1)],
-                                      model=Model("resnet50"), backward="caramel"))
-    order, graph = model.backward_order, model.profile.graph
-    assert sorted(order) == list(range(len(model.layers)))
-    ran = {layer: place for place, layer in enumerate(order)}
-    done: dict[int, int] = {}  # op -> when its backward is done (a parameter-free op: once its readers' are)
-    for i in reversed(range(len(graph))):  # a graph lists each op before the ops reading it
-        readers_done = max((done[j] for j, other in enumerate(graph) if i in other.inputs), default=-1)
-        places = [ran[param] for param in graph[i].params]
-        assert min(places, default=readers_done + 1) > readers_done
-        done[i] = max(places, default=readers_done)
-    assert order != list(reversed(range(len(model.layers))))
-    assert order[-1] == 0  # conv1, the root, last
 
 
 def test_caramel_buckets_double_from_the_first():

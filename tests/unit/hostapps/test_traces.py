@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 from helpers import FIXTURES
 from hostapps import traces
 from hostapps.config import ConfigError, Model, ProcessConfig, build_model
-from hostapps.profiles import PROFILES, ProfileModel, caramel_backward_order, chain_graph
+from hostapps.profiles import PROFILES, ProfileModel, chain_graph, listing_schedule
 from hostapps.traces import TraceError, parse_trace, read_trace, trace_profile
 
 TRACES = FIXTURES / "traces"
@@ -80,8 +80,8 @@ def test_the_profile_is_the_hand_written_kind_and_its_model_runs_the_traced_time
     half = ProfileModel(profile, scale=0.5, link_mbps=1000)
     assert [layer.size for layer in half.layers] == [round(layer.params / 2) for layer in trace.layers]
     assert half.backward_s == pytest.approx([s * 0.5 * 10 for s in model.backward_s])
-    # a chain: Caramel's reordering leaves the traced backward order as it is
-    assert caramel_backward_order(chain_graph(3), model.backward_s, [1, 1000, 1]) == [2, 1, 0]
+    # a chain: every schedule of it is its listing order
+    assert model.schedule == listing_schedule(chain_graph(3))
 
 
 def test_the_host_apps_build_the_traced_model_and_name_its_flag():

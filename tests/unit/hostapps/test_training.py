@@ -190,7 +190,8 @@ def test_peer_dying_mid_run_fails_the_others(loopback_addresses):
 
 @pytest.mark.parametrize("args, message", [
     (["--mode", "foo"], "error: --mode: foo is not allowed (one of allreduce, ps)"),
-    (["--model", "alexnet"], "error: --model: alexnet is not allowed (one of mlp, resnet50, vgg16, bert_base, trace)"),
+    (["--model", "alexnet"], "error: --model: alexnet is not allowed (one of mlp, resnet50, vgg16, bert_base, "
+                             "inception_v3, bert_base_tf, trace)"),
     (["--batch", "1"], "error: --batch: global batch 1 does not split evenly over 2 workers"),
     (["--mode", "ps", "--servers", "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004"],
      "error: --servers: 4 shards but the model has only 3 tensors, so shard 3 would hold no data"),
