@@ -70,4 +70,4 @@ bench-fabric: setup
 	$(PY) -m emulation.bench
 
 clean-net:
-	$(PY) -m emulation.cleanup
+	$(PY) -m emulation.cleanup $(if $(HAND_RUN),--hand-run)

@@ -79,3 +79,25 @@ def describe(effect: pd.Series) -> str:
         return f"{effect['estimate']:.3g}x{interval}"
     interval = "" if pd.isna(effect["low"]) else f" [{effect['low']:+.1f}, {effect['high']:+.1f}]"
     return f"{effect['estimate']:+.1f} pt{interval}"
+
+
+def placement_share(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per mode and scheme, how much of the runs' iteration-time variance their placement explains:
+    the runs grouped by the most flows per-flow ECMP put on one uplink (runs.csv's
+    max_flows_per_uplink, measured before each run), the share of the sum of squares between the
+    groups (eta squared; the rest is run-to-run), and each group's runs and mean."""
+    columns = ["mode", "scheme", "runs", "classes", "placement_share"]
+    known = runs.dropna(subset=["iter_time_mean_s", "max_flows_per_uplink"])
+    if "fidelity_ok" in known:
+        known = known[known["fidelity_ok"].ne(False)]
+    rows = []
+    for (mode, scheme), group in known.groupby(["mode", "scheme"], sort=False):
+        times = group["iter_time_mean_s"]
+        total = float(((times - times.mean()) ** 2).sum())
+        by_class = group.groupby("max_flows_per_uplink")["iter_time_mean_s"]
+        between = float((by_class.count() * (by_class.mean() - times.mean()) ** 2).sum())
+        classes = "; ".join(f"{int(flows)} flows: {count} run(s), {mean:.3g} s"
+                            for flows, count, mean in zip(by_class.mean().index, by_class.count(), by_class.mean()))
+        share = between / total if total > 0 and by_class.ngroups > 1 else float("nan")
+        rows.append([mode, scheme, len(group), classes, share])
+    return pd.DataFrame(rows, columns=columns)

@@ -198,16 +198,18 @@ def write_csv(frame: pd.DataFrame, path: str | Path) -> None:
 
 
 def write_run_record(out_dir: str | Path, run: Run, status: str, start_s: float, end_s: float,
-                     error: str = "", faults: list[str] = (), bounds: dict[str, float] | None = None) -> Path:
+                     error: str = "", faults: list[str] = (), bounds: dict[str, float] | None = None,
+                     placement: dict | None = None) -> Path:
     """runs/<run_id>/run.json: the run (see Run.to_dict), epoch start/end, status, error, the
-    faults it survived (or not): e.g. a controller restarted, and the bounds its traffic puts on an
-    iteration (experiments/traffic.py: comm_bound_s, link_bound_s, tail_comm_s)."""
+    faults it survived (or not): e.g. a controller restarted, the bounds its traffic puts on an
+    iteration (experiments/traffic.py: comm_bound_s, link_bound_s, tail_comm_s), and where per-flow
+    ECMP placed its flows (emulation/placement.py: uplinks, max_flows_per_uplink)."""
     if status not in RUN_STATUSES:
         raise ValueError(f"status: {status!r} is not allowed (one of {', '.join(RUN_STATUSES)})")
     path = run_dir(out_dir, run.run_id) / "run.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {**run.to_dict(), "start_s": start_s, "end_s": end_s, "status": status, "error": error,
-              "faults": list(faults), **(bounds or {})}
+              "faults": list(faults), **(bounds or {}), **({"placement": placement} if placement else {})}
     write_text(path, json.dumps(record, indent=2) + "\n")
     return path
 
@@ -537,7 +539,7 @@ def _run_row(out: Path, run: Run, record: dict[str, Any], records: dict[str, pd.
     row = {"run_id": run.run_id, **run.axes, "rep": run.rep,
            **{column: get_field(config, dotted) for column, dotted in CONFIG_COLUMNS.items()},
            "workers": len(config.worker_hosts), "faults": "; ".join(record.get("faults", [])),
-           "data_gaps": ""}
+           "data_gaps": "", "max_flows_per_uplink": _max_flows_per_uplink(record)}
     if record["status"] != "ok":
         return row  # a failed run's partial records would give misleading metrics
     missing = missing_records(out, run)
@@ -565,6 +567,14 @@ def _run_row(out: Path, run: Run, record: dict[str, Any], records: dict[str, pd.
                               records["ovs"], records["port_rates"],
                               list(records["summaries"]["lag_ms_p99"].dropna()), start_s, end_s))
     return row
+
+
+def _max_flows_per_uplink(record: dict[str, Any]) -> float:
+    """The most flows the run's placement put on one uplink (NaN: not measured, or a record of
+    another shape)."""
+    placement = record.get("placement")
+    value = placement.get("max_flows_per_uplink") if isinstance(placement, dict) else None
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else math.nan
 
 
 def _with_run_id(frame: pd.DataFrame, run_id: str) -> pd.DataFrame:

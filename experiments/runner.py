@@ -48,11 +48,13 @@ from experiments.results import (PORT_COLUMNS, PORT_RATE_COLUMNS, aggregate, com
                                  process_dir, read_run_record, run_dir, start_output, write_csv,
                                  write_run_record)
 from common.files import write_text
+from common.schema import one_line
 from experiments.sampler import FabricSampler
-from experiments.runplan import OPENFLOW_PORT, REST_PORT, RunPlan, fabric_key, fabric_params, plan_run
+from experiments.runplan import (OPENFLOW_PORT, REST_PORT, RunPlan, data_flows, fabric_key, fabric_params,
+                                plan_run)
 from experiments.spec import Run, Spec
 from hostapps.config import process_arguments
-from emulation import cluster
+from emulation import cluster, placement
 from topologies.cluster import ClusterError, crossing_links
 from common.paths import REPO
 from emulation.fabric import Fabric, FabricError, kill_group
@@ -111,8 +113,10 @@ def _run_experiment(spec: Spec, out_dir: Path, resume: bool, live: LiveView | No
             for run_id in finished:
                 progress.end_run("skipped", run_id)
             pending = [run for run in spec.runs if run.run_id not in finished]
-            for _, runs in itertools.groupby(pending, fabric_key):
-                run_on_fabric(out, list(runs), progress)
+            for _, group in itertools.groupby(pending, fabric_key):
+                runs = list(group)
+                while runs:  # a fabric that broke under a run: the runs after it get a new one
+                    runs = run_on_fabric(out, runs, progress)
     except KeyboardInterrupt:
         sys.exit(f"run: interrupted; the finished runs are kept, continue with --resume --out {out}")
     aggregate(out)
@@ -126,14 +130,15 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # unwinds like Ctrl-C: the fabric and the runs' processes stop
 
 
-def run_on_fabric(out: Path, runs: list[Run], progress: Progress) -> None:
-    """Runs sharing one fabric. A run that fails fails alone, its record saying why; when the fabric
-    fails, so do its runs not yet recorded."""
+def run_on_fabric(out: Path, runs: list[Run], progress: Progress) -> list[Run]:
+    """Runs sharing one fabric. A run that fails fails alone, its record saying why. When the fabric
+    breaks under a run (Fabric.check, a controller that cannot be restarted), that run fails and the
+    runs after it are returned, for a new fabric; when it cannot be built, they all fail."""
     first = runs[0]
     workdir = fabric_dir(out, first)
     stats_csv = workdir / "ports.csv"
     recorded: list[str] = []
-    fab, placement = None, {}
+    fab, where = None, {}
     try:
         with Fabric(first.topology.kind, fabric_params(first.topology), lb=first.controller.lb,
                     ofp_port=OPENFLOW_PORT, rest_port=REST_PORT,
@@ -142,7 +147,7 @@ def run_on_fabric(out: Path, runs: list[Run], progress: Progress) -> None:
                     placement=first.config.cluster.placement) as fab:
             for line in fab.cleaned:
                 print(f"run: removed a stale fabric's leftover: {line}", file=sys.stderr)
-            placement = fabric_placement(fab)  # while its nodes exist
+            where = fabric_placement(fab)  # while its nodes exist
             fab.wait_reachable()
             rates = port_rates(fab)
             progress.fabric_up(fab, rates)
@@ -162,18 +167,24 @@ def run_on_fabric(out: Path, runs: list[Run], progress: Progress) -> None:
                 recorded.append(run.run_id)
                 progress.end_run(status, run.run_id)
     except Exception as error:
+        left = [run for run in runs if run.run_id not in recorded]
+        if recorded:  # it broke under a run: the runs after it get a new fabric
+            if left:
+                print(f"run: the fabric broke under {recorded[-1]} ({one_line(error)}); a new one for the "
+                      f"{len(left)} runs left", file=sys.stderr)
+            return left
         now = time.time()
-        for run in runs:
-            if run.run_id not in recorded:
-                run_dir(out, run.run_id).mkdir(parents=True, exist_ok=True)
-                write_run_record(out, run, "failed", now, now, error=f"fabric: {error}")
-                progress.end_run("failed", run.run_id)
+        for run in left:
+            run_dir(out, run.run_id).mkdir(parents=True, exist_ok=True)
+            write_run_record(out, run, "failed", now, now, error=f"fabric: {error}")
+            progress.end_run("failed", run.run_id)
     finally:
         progress.fabric_down()
         if fab is not None:  # it started: its record (also when interrupted), with how long it took to stop
-            record = {**placement, **fabric_memory([run_dir(out, run_id) for run_id in recorded]),
+            record = {**where, **fabric_memory([run_dir(out, run_id) for run_id in recorded]),
                       **{key: round(value, 3) for key, value in fab.timings.items()}}
             write_text(workdir / "fabric.json", json.dumps(record, indent=2) + "\n")
+    return []
 
 
 def fabric_dir(out: Path, first: Run) -> Path:
@@ -230,9 +241,10 @@ def port_rates(fab: Fabric) -> pd.DataFrame:
 
 
 class ControllerWatch:
-    """Watches the fabric's controller during a run; a dead or silent one is restarted on the same
-    fabric with the run's job registered again (FabricError when that fails). Every event goes into
-    `faults`, for the run's record."""
+    """Watches the fabric during a run: its network (Fabric.check: FabricError once it is torn down,
+    a line when it recovered from an Open vSwitch restart) and its controller, a dead or silent one
+    restarted on the same fabric with the run's job registered again (FabricError when that fails).
+    Every event goes into `faults`, for the run's record."""
 
     def __init__(self, fab: Fabric, start_s: float) -> None:
         self.fab, self.start_s = fab, start_s
@@ -245,6 +257,13 @@ class ControllerWatch:
         if now < self._next_check:
             return
         self._next_check = now + CONTROLLER_CHECK_S
+        try:
+            recovered = self.fab.check()
+        except FabricError as error:
+            self.faults.append(f"{time.time() - self.start_s:.1f} s: {error}")
+            raise FabricError(self.faults[-1]) from None
+        if recovered:
+            self.faults.append(f"{time.time() - self.start_s:.1f} s: {recovered}")
         why = self.fab.controller_down()
         if not why:
             return
@@ -279,8 +298,10 @@ def run_once(fab: Fabric, out: Path, plan: RunPlan, rates: pd.DataFrame, stats_c
     watch = ControllerWatch(fab, start_s)
     tag = secrets.randbits(31)  # in every host-app frame: a stray datagram of another run is not ours
     error = ""
+    placed: dict = {}
     try:
         try:
+            placed = measured_placement(fab, plan)
             schedule = Schedule(disturbances_of(fab, run.config, path))
             with FabricSampler(path, switch_ports(fab)) as sampler:
                 progress.sampling(sampler)
@@ -312,8 +333,18 @@ def run_once(fab: Fabric, out: Path, plan: RunPlan, rates: pd.DataFrame, stats_c
     write_csv(rates, path / "port_rates.csv")
     write_port_slice(stats_csv, path / "ports.csv", start_s, end_s, run.controller.stats_interval_s)
     status = "failed" if error else "ok"
-    write_run_record(out, run, status, start_s, end_s, error=error, faults=watch.faults, bounds=plan.bounds)
+    write_run_record(out, run, status, start_s, end_s, error=error, faults=watch.faults, bounds=plan.bounds,
+                     placement=placed)
     return status
+
+
+def measured_placement(fab: Fabric, plan: RunPlan) -> dict:
+    """Where per-flow ECMP puts the run's flows (emulation/placement.py), probed before the job
+    starts; {} on a cluster (the probes read this machine's switches only) or with no flow to place."""
+    flows = data_flows(plan.run)
+    if not flows or fab.servers:
+        return {}
+    return placement.summary(placement.measure(fab, flows))
 
 
 def register_job(fab: Fabric, plan: RunPlan, registered: list[dict]) -> dict[int, int]:

@@ -12,7 +12,7 @@ import pandas as pd
 from experiments import metrics
 from experiments.fidelity import (APP_LAG_P99_MS_LIMIT, CPU_LIMIT, LINK_RATE_MIN,
                                   OUTSIDE_DROPS_LIMIT, VSWITCHD_THREAD_LIMIT)
-from experiments.effects import describe
+from experiments.effects import describe, placement_share
 from experiments.metrics import per_run
 from experiments.results import Damaged, one_line, read_json_object, read_run_record, read_tables, real_folder
 from experiments.spec import Spec, load_spec
@@ -210,9 +210,26 @@ def render(out_dir: str | Path) -> str:
             notes.append(f"- {run.run_id}: survived faults: {run.faults}")
         if isinstance(run.data_gaps, str) and run.data_gaps:
             notes.append(f"- {run.run_id}: metrics left empty: {run.data_gaps}")
+    lines += _placement(runs)
     if notes:
         lines += ["## Notes", "", *notes, ""]
     return "\n".join(lines + _fabrics(Path(out_dir)))
+
+
+def _placement(runs: pd.DataFrame) -> list[str]:
+    """A table of how the measured ECMP placements grouped each scheme's runs and how much of their
+    iteration times' variance the placement explains (the rest is run-to-run)."""
+    shares = placement_share(runs)
+    shares = shares[shares["classes"].str.contains(";")]  # schemes whose runs drew different placements
+    if shares.empty:
+        return []
+    rows = [[mode, scheme, str(count), classes, "—" if pd.isna(share) else f"{share:.0%}"]
+            for mode, scheme, count, classes, share in shares.itertuples(index=False)]
+    table = pd.DataFrame(rows, columns=["mode", "scheme", "runs", "by the most flows on one uplink",
+                                        "variance placement explains"])
+    return ["## Placement", "", "Per-flow ECMP's placement of each run's flows, measured before the run "
+            "(emulation/placement.py): the runs grouped by the most flows one uplink carried, and the share "
+            "of the runs' iteration-time variance between those groups.", "", *_markdown(table), ""]
 
 
 FABRIC_COLUMNS = ["first run", "hosts", "switches", "links", "servers", "crossing links", "build (s)", "start (s)",

@@ -20,7 +20,8 @@ from experiments.results import completed_run_ids, read_run_record
 from experiments.spec import load_spec
 from helpers import FIXTURES
 from helpers.fabric import LB_MODES, PYTHON, experiments_cli, fabric_script, finish, leftovers
-from emulation.cleanup import ProcessRecord, is_alive, process_record
+from emulation import machine
+from emulation.cleanup import ProcessRecord, is_alive, our_bridges, process_record
 from emulation.fabric import Fabric
 
 
@@ -246,3 +247,42 @@ def test_twenty_pingalls_on_a_fresh_fabric_lose_nothing(lb, tmp_path):
                 known_hosts=False) as fab:
         losses = [fab.net.pingAll(timeout=1) for _ in range(20)]
     assert losses == [0] * 20
+
+
+def test_a_fabric_torn_down_mid_run_fails_that_run_and_the_next_gets_a_new_fabric(tmp_path):
+    """What `mn -c` from another terminal did to a 16-host experiment (it hung, no bridge left, until
+    interrupted by hand): the fabric's bridges deleted behind the runner's back."""
+    out = tmp_path / "out"
+    runner = experiments_cli(str(FAULTS), "--out", str(out), cwd=tmp_path)
+    wait_for_iteration(out, FIRST, 5, runner)
+    torn = time.monotonic()
+    for bridge in our_bridges():
+        subprocess.run(["ovs-vsctl", "del-br", bridge], check=True)
+    while read_run_record(out, FIRST) is None:
+        assert time.monotonic() - torn < 10, "the broken fabric was not noticed within seconds"
+        time.sleep(0.2)
+    status, _, stderr = finish(runner, timeout=240)
+    assert status == 1, "one run failed"
+    record = read_run_record(out, FIRST)
+    assert record["status"] == "failed" and "Open vSwitch lost" in record["error"]
+    assert read_run_record(out, SECOND)["status"] == "ok"
+    assert "the fabric broke under rep=1" in stderr
+    assert len(list((out / "fabrics").iterdir())) == 2, "a new fabric for the second run"
+    assert leftovers() == []
+
+
+def test_open_vswitch_restarted_mid_run_is_recovered_and_the_run_says_so(tmp_path):
+    out = tmp_path / "out"
+    runner = experiments_cli(str(FAULTS), "--out", str(out), "--set", "repetitions=1", cwd=tmp_path)
+    wait_for_iteration(out, FIRST, 5, runner)
+    try:
+        machine._ovs_ctl("restart")
+    finally:
+        if not machine.ovs_running():
+            machine.prepare()
+    status, _, stderr = finish(runner, timeout=240)
+    assert status == 0, stderr[-2000:]
+    record = read_run_record(out, FIRST)
+    (fault,) = record["faults"]
+    assert record["status"] == "ok" and "ovs-vswitchd restarted (pid" in fault
+    assert leftovers() == []

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from experiments.effects import effects
+from experiments.effects import effects, placement_share
 from experiments.spec import SpecError, load_spec, parse_spec
 from experiments.summary import in_words
 from experiments.spec.checks import changed_mechanisms
@@ -174,3 +174,15 @@ def test_a_run_that_failed_the_guard_leaves_its_pair_out():
     table = effects(runs, spec)
     mlt = table[(table["scheme"] == "scheme=mlt") & (table["mode"] == "ps") & (table["metric"] == "speedup")]
     assert mlt.iloc[0]["pairs"] == 1 and mlt.iloc[0]["verdict"] == "not judged (one repetition)"
+
+
+def test_placement_explains_what_varies_between_its_classes():
+    runs = pd.DataFrame({"mode": ["ps"] * 6, "scheme": ["scheme=base"] * 6,
+                         "iter_time_mean_s": [1.0, 1.02, 0.98, 2.0, 2.02, 1.98],
+                         "max_flows_per_uplink": [1, 1, 1, 2, 2, 2], "fidelity_ok": [True] * 6})
+    (row,) = placement_share(runs).itertuples(index=False)
+    assert row.runs == 6 and row.classes == "1 flows: 3 run(s), 1 s; 2 flows: 3 run(s), 2 s"
+    assert row.placement_share == pytest.approx(1.5 / (1.5 + 0.0016), rel=1e-6)
+    alike = runs.assign(max_flows_per_uplink=1)
+    assert placement_share(alike).iloc[0]["classes"] == "1 flows: 6 run(s), 1.5 s"
+    assert pd.isna(placement_share(alike).iloc[0]["placement_share"])
