@@ -7,7 +7,9 @@ UDP datagrams from its source port), and the buckets' packet counters of its fir
 which uplink took them. The flows of one first switch are probed at once, flow i with 2^i packets,
 so one reading of the counters before and one after tell every flow's bucket (the counts add up
 to a sum whose bits name the flows); group counters see neither LLDP probes nor the answers, which
-leave through the destinations' switches.
+leave through the destinations' switches. OVS adds a datapath flow's packets to the group's
+counters only when its revalidators next run: each reading waits for them (`revalidator/wait`,
+about a second), so a switch's flows take about two seconds to place.
 """
 from __future__ import annotations
 
@@ -99,9 +101,16 @@ def _ofctl(command: str, switch: str) -> str:
                           text=True, check=True).stdout
 
 
+def _counts(switch: str, rounds: int = 1) -> dict[tuple[int, int], int]:
+    """The switch's bucket counters once the datapath's packets so far are in them."""
+    for _ in range(rounds):
+        subprocess.run(["ovs-appctl", "revalidator/wait"], capture_output=True, check=True)
+    return bucket_counts(_ofctl("dump-group-stats", switch))
+
+
 def _port_deltas(switch: str, before: dict[tuple[int, int], int], ports: dict[tuple[int, int], int]
                  ) -> dict[int, int]:
-    after = bucket_counts(_ofctl("dump-group-stats", switch))
+    after = _counts(switch, rounds=2)
     deltas: dict[int, int] = {}
     for key, port in ports.items():
         deltas[port] = deltas.get(port, 0) + after.get(key, 0) - before.get(key, 0)
@@ -128,7 +137,7 @@ def measure(fab, flows: Iterable[Flow], attempts: int = 3) -> list[Placed]:
         for start in range(0, len(switch_flows), MAX_FLOWS_AT_ONCE):
             batch = switch_flows[start:start + MAX_FLOWS_AT_ONCE]
             for attempt in range(attempts):
-                before = bucket_counts(_ofctl("dump-group-stats", name))
+                before = _counts(name)
                 probes = [fab.popen(flow.src, ["python3", "-c", PROBE, flow.proto, ip[flow.dst], str(flow.sport),
                                                str(flow.dport), str(1 << index)],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -338,13 +338,20 @@ def run_once(fab: Fabric, out: Path, plan: RunPlan, rates: pd.DataFrame, stats_c
     return status
 
 
+_placements: dict[tuple, dict] = {}  # (fabric id, flows) -> placement: one fabric places a 5-tuple alike
+
+
 def measured_placement(fab: Fabric, plan: RunPlan) -> dict:
     """Where per-flow ECMP puts the run's flows (emulation/placement.py), probed before the job
-    starts; {} on a cluster (the probes read this machine's switches only) or with no flow to place."""
-    flows = data_flows(plan.run)
+    starts, once per fabric for the same flows (every TCP scheme of a repetition has the same); {}
+    on a cluster (the probes read this machine's switches only) or with no flow to place."""
+    flows = tuple(data_flows(plan.run))
     if not flows or fab.servers:
         return {}
-    return placement.summary(placement.measure(fab, flows))
+    key = (fab.id, flows)
+    if key not in _placements:
+        _placements[key] = placement.summary(placement.measure(fab, flows))
+    return _placements[key]
 
 
 def register_job(fab: Fabric, plan: RunPlan, registered: list[dict]) -> dict[int, int]:
