@@ -119,16 +119,17 @@ def _port_deltas(switch: str, before: dict[tuple[int, int], int], ports: dict[tu
 
 def measure(fab, flows: Iterable[Flow], attempts: int = 3) -> list[Placed]:
     """Each flow's first switch and the switch its bucket sends it to, probed on the fabric `fab`
-    (emulation/fabric.py) while nothing else crosses it (between runs)."""
+    (emulation/fabric.py) while nothing else crosses it (between runs); in the order of `flows`."""
     first_switch = {}
     for host in fab.hosts:
         intf = host.defaultIntf()
         first_switch[host.name] = intf.link.intf2.node if intf.link.intf1 is intf else intf.link.intf1.node
     ip = {host.name: host.IP() for host in fab.hosts}
+    flows = list(flows)
     by_switch: dict[str, list[Flow]] = {}
     for flow in flows:
         by_switch.setdefault(first_switch[flow.src].name, []).append(flow)
-    placed = []
+    placed: dict[int, Placed] = {}
     for name, switch_flows in by_switch.items():
         switch = fab.net.get(name)
         neighbours = {switch.ports[intf]: (link.intf2 if link.intf1 is intf else link.intf1).node.name
@@ -150,9 +151,9 @@ def measure(fab, flows: Iterable[Flow], attempts: int = 3) -> list[Placed]:
                 except ValueError:
                     if attempt == attempts - 1:
                         raise
-            placed += [Placed(flow.what, name, neighbours.get(found[index], "") if found[index] else "")
-                       for index, flow in enumerate(batch)]
-    return placed
+            for index, flow in enumerate(batch):
+                placed[id(flow)] = Placed(flow.what, name, neighbours.get(found[index], "") if found[index] else "")
+    return [placed[id(flow)] for flow in flows]
 
 
 def summary(placed: list[Placed]) -> dict:
