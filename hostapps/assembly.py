@@ -8,11 +8,12 @@ from typing import Any, NamedTuple
 
 from common.schema import defaults
 from hostapps.allreduce import AllReduce, make_allreduce, ring_neighbours
-from hostapps.caramel import caramel_pieces
+from hostapps.caramel import Prediction, Ring, caramel_pieces, job_of, pipelines, predict
 from hostapps.collectives import float_parts, make_buckets
-from hostapps.config import ProcessConfig
+from hostapps.config import ProcessConfig, build_model
 from hostapps.mlt import MltOptions, MltTransport
 from hostapps.model import FlatModel
+from hostapps.profiles import ProfileModel, listing_schedule
 from hostapps.records import Recorder
 from hostapps.transport import DEFAULT_MAX_MESSAGE_BYTES, Address, Peer, TcpTransport
 
@@ -100,3 +101,16 @@ def connect_transport(cfg: ProcessConfig, recorder: Recorder, max_message_bytes:
         transport.abort()
         raise
     return transport
+
+
+def predicted_iteration_s(cfg: ProcessConfig, step_s: float) -> Prediction:
+    """What the time model predicts for an all-reduce job's steady iteration when a message step costs
+    `step_s` (the job plans with its own caramel_step_ms): its units as the worker cuts them (per tensor,
+    fusion buckets, or caramel's), its schedule, pipelined as it pipelines."""
+    model = build_model(cfg)
+    job = job_of(model, cfg.batch // cfg.world)
+    schedule = model.schedule if isinstance(model, ProfileModel) else listing_schedule(job.graph)
+    units = [piece.layers for piece in plan_pieces(model, cfg)]
+    ring = Ring(cfg.world, cfg.link_mbps * 1e6 / 8, step_s, cfg.partition_bytes if pipelines(cfg) else 0,
+                cfg.mtu_payload // 4)
+    return predict(job, schedule, units, ring)

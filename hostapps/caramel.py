@@ -55,7 +55,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -64,8 +64,28 @@ from hostapps.collectives import make_buckets
 from hostapps.profiles import Op, ProfileModel, Schedule, gradient_order, listing_schedule, readers
 
 if TYPE_CHECKING:
-    from hostapps.config import ProcessConfig
     from hostapps.model import FlatModel
+
+
+class Knobs(Protocol):
+    """What Caramel reads of a process's config (hostapps/config.py Knobs): the job's
+    knobs below it in the import graph, so that the config may build its models with Caramel."""
+    backward: str
+    batch: int
+    caramel_batching: str
+    caramel_pipelining: str
+    caramel_step_ms: float
+    link_mbps: float
+    mode: str
+    mtu_payload: int
+    partition_bytes: int
+    seed: int
+
+    @property
+    def order(self) -> str: ...
+
+    @property
+    def world(self) -> int: ...
 
 # Rounds of Caramel's schedule search: each plans backprop for the current forward order, then the
 # forward pass for that backprop; the best schedule seen is kept.
@@ -357,19 +377,19 @@ def job_of(model: FlatModel, rows: int) -> Job:
                tuple(int(layer.size) * 4 for layer in model.layers))
 
 
-def pipelines(cfg: ProcessConfig) -> bool:
+def pipelines(cfg: Knobs) -> bool:
     """Whether the job's all-reduce units go as wavefronts of segments: send order caramel, caramel_pipelining
     segments."""
     return cfg.order == "caramel" and cfg.caramel_pipelining == "segments"
 
 
-def ring_of(cfg: ProcessConfig, pipelined: bool) -> Ring:
+def ring_of(cfg: Knobs, pipelined: bool) -> Ring:
     """The cost model of the job's ring: its link rate, `caramel_step_ms`, and caramel's segments if pipelined."""
     return Ring(cfg.world, cfg.link_mbps * 1e6 / 8, cfg.caramel_step_ms / 1000,
                 cfg.partition_bytes if pipelined else 0, cfg.mtu_payload // 4)
 
 
-def computation_schedule(job: Job, cfg: ProcessConfig) -> Schedule:
+def computation_schedule(job: Job, cfg: Knobs) -> Schedule:
     """The schedule of the job knob `backward`: reverse (listing), dataflow (from the seed) or caramel,
     planned for the units the job will send (adaptive batches with send order caramel and caramel_batching
     adaptive, else one per tensor)."""
@@ -383,7 +403,7 @@ def computation_schedule(job: Job, cfg: ProcessConfig) -> Schedule:
     return listing_schedule(job.graph)
 
 
-def caramel_units(job: Job, schedule: Schedule, cfg: ProcessConfig) -> list[tuple[int, ...]]:
+def caramel_units(job: Job, schedule: Schedule, cfg: Knobs) -> list[tuple[int, ...]]:
     """Send order caramel's all-reduce units, by `caramel_batching`: adaptive, doubling from
     partition_bytes, or none (one per tensor); in the order backprop readies their gradients."""
     if cfg.caramel_batching == "adaptive":
@@ -393,24 +413,9 @@ def caramel_units(job: Job, schedule: Schedule, cfg: ProcessConfig) -> list[tupl
     return per_tensor(job, schedule)
 
 
-def caramel_pieces(model: FlatModel, cfg: ProcessConfig) -> list[tuple[int, ...]]:
+def caramel_pieces(model: FlatModel, cfg: Knobs) -> list[tuple[int, ...]]:
     """The layers of each of send order caramel's all-reduce units for this model and job (the model built
     by config.build_model, which runs it in its schedule and lays caramel's units out contiguously)."""
     job = job_of(model, cfg.batch // cfg.world)
     schedule = model.schedule if isinstance(model, ProfileModel) else listing_schedule(job.graph)
     return caramel_units(job, schedule, cfg)
-
-
-def predicted_iteration_s(cfg: ProcessConfig, step_s: float) -> Prediction:
-    """What the time model predicts for an all-reduce job's steady iteration when a message step costs
-    `step_s` (the job plans with its own caramel_step_ms): its units as the worker cuts them (per tensor,
-    fusion buckets, or caramel's), its schedule, pipelined as it pipelines."""
-    from hostapps.assembly import plan_pieces
-    from hostapps.config import build_model
-    model = build_model(cfg)
-    job = job_of(model, cfg.batch // cfg.world)
-    schedule = model.schedule if isinstance(model, ProfileModel) else listing_schedule(job.graph)
-    units = [piece.layers for piece in plan_pieces(model, cfg)]
-    ring = Ring(cfg.world, cfg.link_mbps * 1e6 / 8, step_s, cfg.partition_bytes if pipelines(cfg) else 0,
-                cfg.mtu_payload // 4)
-    return predict(job, schedule, units, ring)

@@ -7,7 +7,8 @@ import pytest
 from experiments.runplan import host_ips, plan_run, process_config
 from experiments.spec import load_spec
 from helpers import REPO
-from hostapps.caramel import job_of, predicted_iteration_s
+from hostapps.assembly import predicted_iteration_s
+from hostapps.caramel import job_of
 from hostapps.config import build_model
 
 SPEC = load_spec(REPO / "experiments" / "caramel.yaml")
