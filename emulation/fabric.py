@@ -171,8 +171,18 @@ class Fabric:
 
     @staticmethod
     def _exited_shells(net: Mininet) -> list[str]:
-        return [node.name for node in (*net.hosts, *net.switches, *net.controllers)
-                if node.shell is not None and node.shell.poll() is not None]
+        """The nodes whose shell is gone. A node of Mininet's cluster classes starts its shell through
+        `mnexec -d`, whose Popen exits at once: its shell is its pid, checked on this machine only."""
+        exited = []
+        for node in (*net.hosts, *net.switches, *net.controllers):
+            if server_of(node) != LOCAL or node.shell is None:
+                continue
+            if popen_options(node):  # a cluster node: the shell forked away from its Popen
+                if node.pid and not os.path.exists(f"/proc/{node.pid}"):
+                    exited.append(node.name)
+            elif node.shell.poll() is not None:
+                exited.append(node.name)
+        return exited
 
     def _refuse_clashes(self) -> None:
         """FabricError when bridges or interfaces of this fabric's names exist after clean-up: they

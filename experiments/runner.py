@@ -170,7 +170,7 @@ def run_on_fabric(out: Path, runs: list[Run], progress: Progress) -> list[Run]:
         left = [run for run in runs if run.run_id not in recorded]
         if recorded:  # it broke under a run: the runs after it get a new fabric
             if left:
-                print(f"run: the fabric broke under {recorded[-1]} ({one_line(error)}); a new one for the "
+                print(f"run: the fabric broke under {recorded[-1]} ({one_line(str(error))}); a new one for the "
                       f"{len(left)} runs left", file=sys.stderr)
             return left
         now = time.time()
