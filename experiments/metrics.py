@@ -149,7 +149,7 @@ def run_metrics(iterations: pd.DataFrame, tensors: pd.DataFrame, summaries: pd.D
     iterations/tensors: the run's rows of the combined CSVs; summaries: one row per host-app
     process with role and the summary.json fields. batch is the global batch. link_bound_s and
     tail_comm_s (experiments/traffic.py) make the tight bound: max(link bound, compute + tail);
-    comm_bound_s (experiments/traffic.py: an all-reduce's alpha-beta cost) is the lower bound's
+    comm_bound_s (experiments/traffic.py: an all-reduce's link and latency bound) is the lower bound's
     communication, the fluid comm_lower_bound_s for a run recorded without it.
     """
     iter_times = iteration_times_s(iterations)

@@ -46,9 +46,9 @@ LEGEND = [
     "uplink imbalance: per leaf, max / mean of the bytes sent on its spine uplinks; mean over the "
     "leaves weighted by their uplink bytes (1 is an even spread).",
     "lower bound: max(analytical communication bound, measured compute) per iteration (all-reduce: the "
-    "alpha-beta cost of its algorithm, round by round the busiest link at its rate and the slowest message's "
-    "last frame stored and forwarded at the MTU; parameter server: the fluid bound, host links only, "
-    "framing at the MTU, equal shards).",
+    "busiest link direction carrying all its algorithm's bytes, or one unit's rounds each paying its "
+    "slowest message's last frame stored and forwarded at the MTU, whichever is longer; parameter server: "
+    "the fluid bound, host links only, framing at the MTU, equal shards).",
     "tight bound: max(the busiest link direction of the fabric carrying the iteration's traffic, "
     "uplinks at fabric_bw and shards by their real bytes; measured compute + the front layer's "
     "communication that can only start after it) (experiments/traffic.py).",

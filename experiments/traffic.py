@@ -138,13 +138,24 @@ def tick_seconds(run: Run, ticks: list[list[Message]]) -> list[tuple[float, floa
 
 
 def comm_bound_s(run: Run, sizes: Sequence[int]) -> float:
-    """The analytical bound on one iteration's communication: an all-reduce's alpha-beta cost (its ticks'
-    latency and busiest link), a parameter server's fluid bound (comm_lower_bound_s)."""
+    """The analytical bound on one iteration's communication. An all-reduce's: no faster than its busiest
+    link direction carries all its algorithm's bytes (link_bound_s), nor than one unit's rounds follow each
+    other, each at least the latency of its slowest message's last frame (tick_seconds). The two do not
+    add up: while one unit's round waits for its last frame, another unit's bytes may use the links, as
+    the send loop overlaps the layers' all-reduces. alpha_beta_s is the cost of one all-reduce alone. A
+    parameter server's: the fluid bound (comm_lower_bound_s)."""
     config = run.config
     if run.job.mode != "allreduce":
         return comm_lower_bound_s(run.job.mode, sum(sizes), config.topology.host_bw, len(config.worker_hosts),
                                   max(1, len(config.server_hosts)), config.topology.mtu, run.job.transport)
-    return sum(latency + busiest for latency, busiest in tick_seconds(run, allreduce_ticks(run, sum(sizes))))
+    latency = sum(latency for latency, _ in tick_seconds(run, allreduce_ticks(run, sum(sizes))))
+    return max(link_bound_s(run, sizes), latency)
+
+
+def alpha_beta_s(run: Run, unit_bytes: int) -> float:
+    """The alpha-beta cost of one all-reduce of `unit_bytes` alone: round by round, the latency of its
+    slowest message's last frame and the transfer of its busiest link direction."""
+    return sum(latency + busiest for latency, busiest in tick_seconds(run, allreduce_ticks(run, unit_bytes)))
 
 
 def host_traffic(run: Run, sizes: Sequence[int]) -> dict[Direction, float]:
