@@ -35,7 +35,12 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session", autouse=True)
 def nothing_of_ours_left(request):
-    """After the suite no bridge, veth, Mininet host, controller or host app of ours remains."""
+    """After the suite no bridge, veth, Mininet host, controller or host app of ours remains.
+    Before it, what a fabric that no longer runs left on this machine (a run killed with its
+    machine, an earlier suite cut off) is removed as `make clean-net` would, so that the tests
+    that look for leftovers judge only what they started."""
+    if os.geteuid() == 0 and any("integration" in item.keywords for item in request.session.items):
+        clean_before_suite()
     yield
     if os.geteuid() != 0 or not any("integration" in item.keywords
                                     for item in request.session.items):
@@ -43,3 +48,15 @@ def nothing_of_ours_left(request):
     from helpers.fabric import leftovers
 
     assert leftovers(exclude={os.getppid()}) == [], "left behind after the suite"
+
+
+def clean_before_suite() -> None:
+    import fcntl
+
+    from emulation.cleanup import LOCK_FILE, STATE_DIR, clean_stale
+
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(LOCK_FILE, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a fabric running meanwhile is not stale: wait for it
+        for line in clean_stale():
+            print(f"before the suite, of a fabric that no longer runs: {line}")
