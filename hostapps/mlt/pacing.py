@@ -13,7 +13,8 @@ from hostapps.transport import Peer
 PACING_BURST_S = 0.002         # a sender may run this far ahead of its rate after idling
 PACING_MIN_SLEEP_S = 0.001     # shorter delays are accumulated: sleep() is coarse
 DECREASE_INTERVAL_S = 0.05     # about an RTT under load: one back-off per congestion episode
-LINK_SHARE = 0.97              # of a link, what pacing and advice use: leave room for control and ARP
+LINK_SHARE = 0.995             # of a link, what pacing and advice use: the pacer counts wire bytes, so
+                               # this is the real share; the rest carries LLDP, ARP and feedback
 FLOOR_SHARE = 1 / 20           # of a link, the least a sender is advised or backs off to
 
 
