@@ -5,17 +5,25 @@ PY := $(VENV)/bin/python
 DEB_PACKAGES := mininet openvswitch-switch iperf3 iperf iputils-ping ethtool nftables openssh-client
 # Only the tests need these: the live view's test renders the page in a headless browser.
 TEST_DEB_PACKAGES := chromium
+# Every server of a fabric across machines: Mininet's remote nodes run `sudo -E` at both ends of SSH.
+SERVER_DEB_PACKAGES := sudo openssh-server
 SPEC ?= experiments/default.yaml
 OUT ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup deb test-deb deb-packages venv ovs test unit experiment bench bench-rest bench-fabric clean-net
+.PHONY: setup setup-server deb test-deb deb-packages venv ovs test unit experiment bench bench-rest bench-fabric clean-net
 
 setup: deb venv ovs
 
 # Install only the Debian packages that are missing (idempotent; `apt-get update` only when needed).
 deb:
 	@$(MAKE) --no-print-directory deb-packages PACKAGES="$(DEB_PACKAGES)"
+
+# A server of a fabric across machines (docs/cluster.md): what `setup` installs, plus sudo and an
+# SSH server, started if none runs (images without an init system start none).
+setup-server: setup
+	@$(MAKE) --no-print-directory deb-packages PACKAGES="$(SERVER_DEB_PACKAGES)"
+	@pgrep -x sshd >/dev/null || { mkdir -p /run/sshd && /usr/sbin/sshd && echo "setup-server: sshd started"; }
 
 test-deb:
 	@$(MAKE) --no-print-directory deb-packages PACKAGES="$(TEST_DEB_PACKAGES)"

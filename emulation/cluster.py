@@ -1,6 +1,6 @@
 """A fabric across several machines, through Mininet Cluster Edition (`mininet.examples.cluster`,
 shipped with Debian's mininet): the same Topo, its nodes placed on the listed servers as
-topologies/cluster.py places them, links between nodes on different servers tunnelled (gretap) by Mininet, every
+topologies/cluster.py places them, links between nodes on different servers tunnelled (VXLAN, vxlan_tunnel), every
 remote node's shell reached over SSH. docs/cluster.md has the set-up and what a tunnel costs.
 
 The first server is this machine ("localhost"): it runs the controller and the runner and keeps
@@ -13,6 +13,7 @@ import functools
 import shlex
 import subprocess
 from functools import cache
+from shutil import which
 from typing import Callable
 
 from mininet.examples.cluster import MininetCluster, Placer, RemoteGRELink, RemoteMixin, RemoteOVSSwitch
@@ -22,6 +23,7 @@ from topologies.cluster import LOCAL, ClusterError, placement
 from topologies.nodes import FabricHost, FabricLink, OVSUserSwitch, ShapedIntf
 
 LOOPBACK = "127.0.0.1"
+SSH_FAILED = 255  # what ssh exits with when it fails itself; otherwise the remote command's status
 
 
 class FixedPlacer(Placer):
@@ -35,24 +37,31 @@ class FixedPlacer(Placer):
         return self.where[node]
 
 
-def check_servers(servers: list[str], run: Callable = subprocess.run) -> None:
+def check_servers(servers: list[str], run: Callable = subprocess.run, find: Callable = which) -> None:
     """The first server is this machine and every other one answers a root SSH command without a
-    password; ClusterError naming the first that does not."""
+    password; every one has sudo (Mininet's remote nodes run `sudo -E` at both ends of SSH);
+    ClusterError naming the first that does not."""
     if servers[0] != LOCAL:
         raise ClusterError(f"cluster.servers: the first server must be {LOCAL} (this machine runs the controller "
                            f"and keeps the results), not {servers[0]!r}")
     for server in servers[1:]:
         try:
-            result = run(["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", f"root@{server}", "true"],
+            result = run(["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", f"root@{server}", "command -v sudo"],
                          capture_output=True, text=True)
         except FileNotFoundError:
             raise ClusterError("cluster.servers: ssh is not installed here "
                                "(make setup installs openssh-client)") from None
+        if result.returncode not in (0, SSH_FAILED):
+            raise ClusterError(f"cluster.servers: {server} has no sudo, and Mininet's remote nodes start every "
+                               "command through it (run `make setup-server` there)")
         if result.returncode != 0:
             said = (result.stderr or "").strip().splitlines()
             raise ClusterError(f"cluster.servers: {server} cannot be reached as root over SSH without a password "
                                f"({said[-1] if said else f'ssh exited with {result.returncode}'}); "
                                "docs/cluster.md says how to set up its keys")
+    if len(servers) > 1 and find("sudo") is None:
+        raise ClusterError("cluster.servers: sudo is not installed here, and Mininet's remote nodes start every "
+                           "command through it (make setup-server installs it)")
 
 
 def controller_address(servers: list[str], run: Callable = subprocess.run) -> str:
@@ -67,13 +76,45 @@ def controller_address(servers: list[str], run: Callable = subprocess.run) -> st
     return route[route.index("src") + 1]
 
 
+VXLAN_PORT = 4789
+VXLAN_OVERHEAD = 50  # outer IPv4 20, UDP 8, VXLAN 8, inner Ethernet 14: the underlay's MTU above the fabric's
+
+
+def vxlan_tunnel(node1, node2, name1: str, name2: str, addr1: str | None, addr2: str | None, vni: int,
+                 local_ip: str, move: Callable) -> None:
+    """One crossing link: a VXLAN device on each node's server, `local_ip` (node1's server) and
+    node2's server address its ends, moved into each node (`move(name, node)`). The kernels of this
+    machine kind have VXLAN built in and no GRE at all."""
+    for node, name, addr, local, remote_ip in ((node1, name1, addr1, local_ip, node2.serverIP),
+                                               (node2, name2, addr2, node2.serverIP, local_ip)):
+        node.rcmd(f"ip link delete {shlex.quote(name)}")
+        said = node.rcmd(f"ip link add name {shlex.quote(name)} type vxlan id {vni} local {local} "
+                         f"remote {remote_ip} dstport {VXLAN_PORT}")
+        if said.strip():
+            raise ClusterError(f"cluster: making the VXLAN end {name} on {node.server} failed: {said.strip()}")
+        if addr:
+            node.rcmd(f"ip link set {shlex.quote(name)} address {addr}")
+        node.rcmd(f"ip link set dev {shlex.quote(name)} up")
+        move(name, node)
+
+
 class RemoteFabricLink(RemoteGRELink):
-    """FabricLink across servers: shaped ends at the fabric's MTU on a veth pair, or on a gretap
-    tunnel between two servers (whose own network must carry the MTU plus 42 bytes)."""
+    """FabricLink across servers: shaped ends at the fabric's MTU on a veth pair, or on a VXLAN
+    tunnel between two servers (whose own network must carry the MTU plus VXLAN_OVERHEAD bytes)."""
+
+    vni = 0  # one per crossing link of the fabric, the same at both ends
 
     def __init__(self, node1, node2, **params):
         params.update(cls1=ShapedIntf, cls2=ShapedIntf)
         super().__init__(node1, node2, **params)
+
+    def makeTunnel(self, node1, node2, intfname1, intfname2, addr1=None, addr2=None):
+        if node2.server == LOCAL:  # this machine's end first: its address is found by route
+            node1, node2, intfname1, intfname2, addr1, addr2 = node2, node1, intfname2, intfname1, addr2, addr1
+        local_ip = controller_address([node1.server, node2.server]) if node1.server == LOCAL else node1.serverIP
+        RemoteFabricLink.vni += 1
+        vxlan_tunnel(node1, node2, intfname1, intfname2, addr1, addr2, RemoteFabricLink.vni, local_ip,
+                     self.moveIntf)
 
 
 @cache
@@ -113,6 +154,15 @@ def popen_options(node) -> dict:
     the process already leads its group (RemoteMixin makes it), and the Popen would see the parent
     exit at once; without it the process is the Popen's own, its group's leader."""
     return {"mncmd": ["mnexec", "-a", str(node.pid)]} if isinstance(node, RemoteMixin) else {}
+
+
+def remote_argv(cmd: list[str], cwd: str | None) -> list[str]:
+    """A host app's argv as its node's Popen takes it when the node is on another server. Mininet
+    hands the words to ssh, which joins them with spaces for the server's root shell to parse again,
+    and Popen's cwd moves only the local ssh client: so the whole command is one word, quoted for
+    that shell, that changes to `cwd` there first."""
+    inner = f"cd {shlex.quote(cwd)} && exec {shlex.join(cmd)}" if cwd else f"exec {shlex.join(cmd)}"
+    return ["sh", "-c", shlex.quote(inner)]
 
 
 def server_of(node) -> str:

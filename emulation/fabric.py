@@ -30,7 +30,7 @@ from common.signals import signals_deferred
 from emulation.cleanup import (LOCK_FILE, STATE_DIR, FabricRecord, clean_stale, kill_group, marked_bridges,
                                process_record, write_state)
 from emulation.cluster import (LOOPBACK, check_servers, cluster_network, controller_address, popen_options,
-                               server_of)
+                               remote_argv, server_of)
 from emulation.controller import ControllerProcess, rest
 from emulation.errors import FabricError
 from emulation.machine import MachineError, prepare, vswitchd_pid
@@ -442,6 +442,8 @@ class Fabric:
         `mnexec -d` makes it a session leader; do not pass start_new_session: mnexec then forks
         and the Popen would only see the parent exit at once.)"""
         node = self.host(host)
+        if server_of(node) != LOCAL:
+            cmd = remote_argv(cmd, kwargs.pop("cwd", None))
         with signals_deferred():  # recorded before Ctrl-C can strike, or stop() would not know it
             proc = node.popen(cmd, **popen_options(node), **kwargs)
             self.processes.append(proc)

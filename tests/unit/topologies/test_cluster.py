@@ -81,14 +81,23 @@ def test_servers_are_checked_over_ssh_and_the_first_unreachable_is_named():
     run, calls = fake_ssh({"s3"})
     with pytest.raises(ClusterError, match=r"^cluster\.servers: s3 cannot be reached as root over SSH .*"
                                            r"Could not resolve hostname s3"):
-        check_servers(servers(4), run=run)
+        check_servers(servers(4), run=run, find=lambda _: '/usr/bin/sudo')
     assert [argv[-2] for argv in calls] == ["root@s2", "root@s3"]  # never localhost, stops at the first
     assert all("BatchMode=yes" in argv for argv in calls)
     run, calls = fake_ssh(set())
-    check_servers(servers(3), run=run)
+    check_servers(servers(3), run=run, find=lambda _: '/usr/bin/sudo')
     assert len(calls) == 2
+    with pytest.raises(ClusterError, match=r"^cluster\.servers: sudo is not installed here"):
+        check_servers(servers(3), run=run, find=lambda _: None)
     with pytest.raises(ClusterError, match="the first server must be localhost"):
         check_servers(["s2", "localhost"], run=run)
+
+
+def test_a_server_without_sudo_is_named():
+    def run(argv, **_):
+        return subprocess.CompletedProcess(argv, 1 if argv[-2] == "root@s3" else 0, "", "")
+    with pytest.raises(ClusterError, match=r"^cluster\.servers: s3 has no sudo"):
+        check_servers(servers(4), run=run, find=lambda _: '/usr/bin/sudo')
 
 
 def test_controller_listens_on_loopback_alone_and_on_the_route_towards_the_servers_otherwise():
