@@ -69,7 +69,7 @@ PRIORITY_PORT_MBPS = 20
 
 def priority(mtu: int, seconds: float) -> dict:
     """CS5 (h1) and unmarked (h2) TCP into h3's PRIORITY_PORT_MBPS port, started together."""
-    params = {"spines": 2, "leaves": 2, "hosts": 2, "host_bw": PRIORITY_PORT_MBPS, "fabric_bw": 100,
+    params = {"spines": 2, "leaves": 2, "hosts_per_leaf": 2, "host_bw": PRIORITY_PORT_MBPS, "fabric_bw": 100,
               "mtu": mtu}
     with Fabric("leafspine", params, lb="ecmp") as fab:
         fab.wait_reachable()
@@ -87,7 +87,7 @@ def priority(mtu: int, seconds: float) -> dict:
 def run(mtus: list[int], seconds: float, host_bw: float, fabric_bw: float) -> list[dict]:
     rows = []
     for mtu in mtus:
-        params = {"spines": 2, "leaves": 2, "hosts": HOSTS_PER_LEAF, "host_bw": host_bw,
+        params = {"spines": 2, "leaves": 2, "hosts_per_leaf": HOSTS_PER_LEAF, "host_bw": host_bw,
                   "fabric_bw": fabric_bw, "mtu": mtu}
         with Fabric("leafspine", params, lb="ecmp") as fab:
             fab.wait_reachable()

@@ -1,7 +1,7 @@
 """The fabric: a Mininet network of one of our Topos plus its controller (emulation/controller.py),
 started and torn down as one unit. Tests, benchmarks and the experiment runner all use it:
 
-    with Fabric("leafspine", {"spines": 2, "leaves": 2, "hosts": 2}, lb="spray") as fab:
+    with Fabric("leafspine", {"spines": 2, "leaves": 2, "hosts_per_leaf": 2}, lb="spray") as fab:
         fab.wait_reachable()
         proc = fab.popen("h1", ["iperf3", "-s"])
         fault = fab.check()  # every second or so: raises FabricError once the network is broken

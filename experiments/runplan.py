@@ -82,7 +82,7 @@ def fabric_params(topology: Topology) -> dict:
         return {"path": topology.file, "host_bw": topology.host_bw, "fabric_bw": topology.fabric_bw, **common}
     if topology.kind == "fattree":
         return {"k": topology.k, "bw": topology.host_bw, **common}
-    return {"spines": topology.spines, "leaves": topology.leaves, "hosts": topology.hosts_per_leaf,
+    return {"spines": topology.spines, "leaves": topology.leaves, "hosts_per_leaf": topology.hosts_per_leaf,
             "host_bw": topology.host_bw, "fabric_bw": topology.fabric_bw, **common}
 
 

@@ -2,7 +2,7 @@
 built from their layout (topologies/layout.py: names, DPIDs, ports, addresses).
 
 From the repo root:
-    mn --custom topologies/leafspine.py --topo leafspine,spines=2,leaves=2,hosts=2,mtu=9000 \
+    mn --custom topologies/leafspine.py --topo leafspine,spines=2,leaves=2,hosts_per_leaf=2,mtu=9000 \
        --controller remote,ip=127.0.0.1,port=6653 --test pingall
     mn --custom topologies/leafspine.py --topo file,path=experiments/topologies/clos3.yaml,host_bw=100 \
        --controller remote,ip=127.0.0.1,port=6653 --test pingall
@@ -83,12 +83,12 @@ class FabricTopo(Topo):
 
 
 class LeafSpineTopo(FabricTopo):
-    """`spines` x `leaves` leaf-spine with `hosts` per leaf; rates in Mbit/s, MTU in bytes (every
+    """`spines` x `leaves` leaf-spine with `hosts_per_leaf` hosts on each leaf; rates in Mbit/s, MTU in bytes (every
     interface), queues in bytes per class, `tcp_cc` the hosts' TCP congestion control.
 
-    Oversubscription at a leaf = hosts*host_bw / (spines*fabric_bw)."""
+    Oversubscription at a leaf = hosts_per_leaf*host_bw / (spines*fabric_bw)."""
 
-    def build(self, spines: int = 2, leaves: int = 2, hosts: int = 2, host_bw: float = 100,
+    def build(self, spines: int = 2, leaves: int = 2, hosts_per_leaf: int = 2, host_bw: float = 100,
               fabric_bw: float = 100, queue_bytes: int = DEFAULT_QUEUE_BYTES,
               mtu: int = DEFAULT_MTU, tcp_cc: str = DEFAULT_TCP_CC) -> None:
         spines = _positive_int("spines", spines)
@@ -96,12 +96,12 @@ class LeafSpineTopo(FabricTopo):
         for name, count in (("spines", spines), ("leaves", leaves)):
             if count > MAX_PER_TIER:
                 raise TopologyError(f"{name}: {count} is not allowed (at most {MAX_PER_TIER})")
-        hosts = _positive_int("hosts", hosts)
+        hosts = _positive_int("hosts_per_leaf", hosts_per_leaf)
         host_bw = _positive_rate("host_bw", host_bw)
         fabric_bw = _positive_rate("fabric_bw", fabric_bw)
         self._fabric_options(queue_bytes, mtu, tcp_cc)
         if leaves * hosts > MAX_HOSTS:
-            raise TopologyError(f"hosts: {leaves * hosts} hosts in all is not allowed "
+            raise TopologyError(f"hosts_per_leaf: {leaves * hosts} hosts in all is not allowed "
                                 f"(at most {MAX_HOSTS} addresses in 10.0.0.0/8)")
         self._add_layout(leaf_spine(spines, leaves, hosts), host_bw, fabric_bw)
 

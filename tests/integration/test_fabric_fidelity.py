@@ -16,7 +16,7 @@ from emulation.machine import TRANSMIT_BUFFER_BYTES, port_socket_drops, transmit
 from emulation.ovslog import OvsLog
 
 
-SHAPE = {"spines": 2, "leaves": 2, "hosts": 2, "host_bw": 20, "fabric_bw": 100}
+SHAPE = {"spines": 2, "leaves": 2, "hosts_per_leaf": 2, "host_bw": 20, "fabric_bw": 100}
 
 
 @pytest.fixture(scope="module", params=[(9000, "cubic"), (1500, "reno")], ids=["jumbo", "1500"])

@@ -20,7 +20,7 @@ TORN_DOWN = """
 import json, os, signal, subprocess, sys, time
 from emulation.fabric import Fabric, FabricError
 how, workdir = sys.argv[1], sys.argv[2]
-with Fabric("leafspine", {"spines": 2, "leaves": 2, "hosts": 1}, workdir=workdir) as fab:
+with Fabric("leafspine", {"spines": 2, "leaves": 2, "hosts_per_leaf": 1}, workdir=workdir) as fab:
     fab.wait_reachable()
     assert fab.check() == ""
     if how == "mn -c":  # what `mn -c` does, to this fabric only: its shells, bridges and veths
@@ -63,7 +63,7 @@ OVS_STOPPED = """
 import json, subprocess, sys, time
 from emulation import fabric
 fabric.VSWITCHD_RETURN_S = 3.0
-with fabric.Fabric("leafspine", {"spines": 1, "leaves": 2, "hosts": 1}, workdir=sys.argv[1]) as fab:
+with fabric.Fabric("leafspine", {"spines": 1, "leaves": 2, "hosts_per_leaf": 1}, workdir=sys.argv[1]) as fab:
     fab.wait_reachable()
     subprocess.run(["ovs-appctl", "-t", "ovs-vswitchd", "exit"], check=True)  # ovsdb-server stays
     began = time.monotonic()
@@ -86,7 +86,7 @@ def open_vswitch_running():
 
 
 def test_open_vswitch_restarted_under_a_running_fabric_is_recovered(tmp_path, open_vswitch_running):
-    with Fabric("leafspine", {"spines": 1, "leaves": 2, "hosts": 1, "host_bw": 50}, workdir=tmp_path) as fab:
+    with Fabric("leafspine", {"spines": 1, "leaves": 2, "hosts_per_leaf": 1, "host_bw": 50}, workdir=tmp_path) as fab:
         fab.wait_reachable()
         first = fab.vswitchd
         _, client = iperf(fab, "h1", "h2", 5201, 12)

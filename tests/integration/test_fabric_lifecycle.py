@@ -49,12 +49,12 @@ def fabric(params: dict, tmp_path) -> Fabric:
 
 
 def test_one_controller_serves_successive_fabrics(controller, tmp_path):
-    with fabric({"spines": 2, "leaves": 2, "hosts": 2}, tmp_path / "a") as fab:
+    with fabric({"spines": 2, "leaves": 2, "hosts_per_leaf": 2}, tmp_path / "a") as fab:
         fab.wait_reachable()
         # the switches' port sockets got buffers that absorb bursts (raising them is unit-tested)
         assert all(int(read_sysctl(name)) >= least for name, least in SOCKET_BUFFERS.items())
     # Same DPIDs, another shape: a third spine, three leaves, one host each.
-    with fabric({"spines": 3, "leaves": 3, "hosts": 1}, tmp_path / "b") as fab:
+    with fabric({"spines": 3, "leaves": 3, "hosts_per_leaf": 1}, tmp_path / "b") as fab:
         fab.wait_reachable()
         seen = fab.rest("/fabric")
         assert sorted(s["name"] for s in seen["switches"]) == \
@@ -70,7 +70,7 @@ def test_one_controller_serves_successive_fabrics(controller, tmp_path):
 
 
 def test_reconnecting_switch_gets_its_state_back(controller, tmp_path):
-    with fabric({"spines": 2, "leaves": 2, "hosts": 2}, tmp_path) as fab:
+    with fabric({"spines": 2, "leaves": 2, "hosts_per_leaf": 2}, tmp_path) as fab:
         fab.wait_reachable()
         flows_before = _flows("leaf1")
         subprocess.run(["ovs-vsctl", "del-controller", "leaf1"], check=True)

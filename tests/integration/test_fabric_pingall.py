@@ -11,7 +11,7 @@ import pytest
 from helpers.fabric import LB_MODES, PYTHON, REPO, delta, iperf, make_fabric, spine_rx
 
 
-SHAPES = {"square": ("leafspine", {"spines": 2, "leaves": 2, "hosts": 2}),
+SHAPES = {"square": ("leafspine", {"spines": 2, "leaves": 2, "hosts_per_leaf": 2}),
           "fattree": ("fattree", {"k": 4})}
 
 

@@ -25,7 +25,7 @@ def three_spines(request, tmp_path_factory):
     """The fabric in each LB mode; a test that needs one mode asks for it with @on(mode), so that
     only the modes some test uses are built, and no test is collected only to be skipped."""
     yield from make_fabric(tmp_path_factory, "leafspine",
-                           {"spines": 3, "leaves": 2, "hosts": 2, "host_bw": 50,
+                           {"spines": 3, "leaves": 2, "hosts_per_leaf": 2, "host_bw": 50,
                             "fabric_bw": 100}, request.param)
 
 

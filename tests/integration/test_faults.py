@@ -131,7 +131,7 @@ def test_interrupted_anywhere_leaves_nothing_and_resume_completes_every_run_once
 DIES_INSIDE_FABRIC = """
 import os, signal, sys
 from emulation.fabric import Fabric
-with Fabric("leafspine", {"spines": 1, "leaves": 1, "hosts": 2}, workdir=sys.argv[2]) as fabric:
+with Fabric("leafspine", {"spines": 1, "leaves": 1, "hosts_per_leaf": 2}, workdir=sys.argv[2]) as fabric:
     shell = fabric.net.get(sys.argv[1]).shell
     os.kill(shell.pid, signal.SIGKILL)
     shell.wait()
@@ -172,7 +172,7 @@ def interrupt_once_forked(monkeypatch):
 def test_ctrl_c_as_the_controller_is_forked_leaves_nothing(tmp_path, interrupt_once_forked):
     forked = interrupt_once_forked("controller")
     with pytest.raises(KeyboardInterrupt):
-        with Fabric("leafspine", {"spines": 1, "leaves": 1, "hosts": 2}, workdir=tmp_path):
+        with Fabric("leafspine", {"spines": 1, "leaves": 1, "hosts_per_leaf": 2}, workdir=tmp_path):
             pytest.fail("the fabric started despite Ctrl-C")
     assert len(forked) == 1 and not is_alive(forked[0])
     assert leftovers() == []
@@ -180,7 +180,7 @@ def test_ctrl_c_as_the_controller_is_forked_leaves_nothing(tmp_path, interrupt_o
 
 def test_ctrl_c_as_a_host_process_is_forked_leaves_nothing(tmp_path, interrupt_once_forked):
     with pytest.raises(KeyboardInterrupt):
-        with Fabric("leafspine", {"spines": 1, "leaves": 1, "hosts": 2}, workdir=tmp_path) as fab:
+        with Fabric("leafspine", {"spines": 1, "leaves": 1, "hosts_per_leaf": 2}, workdir=tmp_path) as fab:
             forked = interrupt_once_forked("host-process-marker")
             fab.popen("h1", [PYTHON, "-c", "import time; time.sleep(60)", "host-process-marker"])
             pytest.fail("Ctrl-C was not delivered")
@@ -243,7 +243,7 @@ def test_rest_fuzz_during_a_run_leaves_the_controller_and_the_run_unharmed(tmp_p
 def test_twenty_pingalls_on_a_fresh_fabric_lose_nothing(lb, tmp_path):
     """The controller learns every host from ARP (no hosts file, as with plain `mn`): the packets
     that follow an ARP reply must find their routes installed on every switch."""
-    with Fabric("leafspine", {"spines": 3, "leaves": 3, "hosts": 2}, lb=lb, workdir=tmp_path,
+    with Fabric("leafspine", {"spines": 3, "leaves": 3, "hosts_per_leaf": 2}, lb=lb, workdir=tmp_path,
                 known_hosts=False) as fab:
         losses = [fab.net.pingAll(timeout=1) for _ in range(20)]
     assert losses == [0] * 20

@@ -80,7 +80,7 @@ def test_clean_up_leaves_a_foreign_mininet_network_alone(tmp_path):
     try:
         before = state_of(("edge1", "core1"))
         assert set(before["bridges"]) == {"edge1", "core1"} and "edge1-eth1" in before["interfaces"]
-        with Fabric("leafspine", {"spines": 1, "leaves": 1, "hosts": 1}, workdir=tmp_path / "ours"):
+        with Fabric("leafspine", {"spines": 1, "leaves": 1, "hosts_per_leaf": 1}, workdir=tmp_path / "ours"):
             pass
         clean_net()
         assert state_of(("edge1", "core1")) == before, "clean-up touched a network that is not ours"
@@ -97,7 +97,7 @@ def test_a_hand_run_network_of_our_topo_is_left_alone_and_a_fabric_of_its_names_
         assert len(before["interfaces"]) == 10 + 5  # a port per link end on a switch, and each bridge's own
         assert set(before["interfaces"].values()) == {"dnn-testbed hand-run"}
 
-        with Fabric("leafspine", {"spines": 1, "leaves": 1, "hosts": 1}, workdir=tmp_path / "beside") as fab:
+        with Fabric("leafspine", {"spines": 1, "leaves": 1, "hosts_per_leaf": 1}, workdir=tmp_path / "beside") as fab:
             mine = {name: owner for name, owner in marked_bridges().items() if name not in FAT_TREE_2}
             assert mine == {"spine1": f"fabric-{fab.id}", "leaf1": f"fabric-{fab.id}"}
             assert state_of(("leaf1",))["interfaces"]["leaf1-eth1"] == f"dnn-testbed fabric-{fab.id}"

@@ -112,6 +112,7 @@ def test_controller_listens_on_loopback_alone_and_on_the_route_towards_the_serve
 def test_a_fabric_on_an_unreachable_server_is_refused_before_anything_starts():
     from emulation.fabric import Fabric
     with pytest.raises(ClusterError, match=r"^cluster\.servers: nohost\.invalid cannot be reached as root over SSH"):
-        Fabric("leafspine", {"spines": 2, "leaves": 2, "hosts": 2}, servers=["localhost", "nohost.invalid"])
+        Fabric("leafspine", {"spines": 2, "leaves": 2, "hosts_per_leaf": 2}, servers=["localhost", "nohost.invalid"])
     with pytest.raises(ClusterError, match=r"^cluster\.placement: switchbin gives every server a switch"):
-        Fabric("leafspine", {"spines": 1, "leaves": 1, "hosts": 2}, servers=["localhost", "nohost.invalid", "b"])
+        Fabric("leafspine", {"spines": 1, "leaves": 1, "hosts_per_leaf": 2},
+               servers=["localhost", "nohost.invalid", "b"])

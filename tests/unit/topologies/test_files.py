@@ -38,7 +38,7 @@ def test_the_built_in_leaf_spine_written_as_a_file_gives_its_layout():
     assert [node.dpid for node in layout.switches] == [0x2001, 0x2002, 0x1001, 0x1002]
     assert [node.ip for node in layout.hosts] == ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
     topo = FileTopo(path="tests/fixtures/topologies/leafspine_2x2x2.yaml", host_bw=50, fabric_bw=200)
-    built = LeafSpineTopo(spines=2, leaves=2, hosts=2, host_bw=50, fabric_bw=200)
+    built = LeafSpineTopo(spines=2, leaves=2, hosts_per_leaf=2, host_bw=50, fabric_bw=200)
     assert topo.layout == built.layout
     assert sorted(topo.links(withInfo=True)) == sorted(built.links(withInfo=True))
     assert [topo.nodeInfo(name) for name in topo.nodes()] == [built.nodeInfo(name) for name in built.nodes()]

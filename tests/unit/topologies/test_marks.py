@@ -38,7 +38,7 @@ def test_our_classes_mark_what_they_make_hand_run_unless_told():
         assert inspect.signature(function).parameters["owner"].default == marks.HAND_RUN
 
 
-@pytest.mark.parametrize("topo", [LeafSpineTopo(spines=2, leaves=3, hosts=2), FatTreeTopo(k=4)])
+@pytest.mark.parametrize("topo", [LeafSpineTopo(spines=2, leaves=3, hosts_per_leaf=2), FatTreeTopo(k=4)])
 def test_a_claimed_topo_gives_every_switch_and_link_its_owner(topo):
     assert all("owner" not in topo.nodeInfo(switch) for switch in topo.switches()), "mn builds it hand-run"
     topo.claim("fabric-1a2b")

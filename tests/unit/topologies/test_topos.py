@@ -45,7 +45,7 @@ def check_common(topo, hosts: int):
 # -- leaf-spine -------------------------------------------------------------------------------
 @pytest.mark.parametrize("spines, leaves, hosts", [(2, 2, 2), (3, 4, 1), (1, 1, 3), (4, 2, 3)])
 def test_leaf_spine_shape(spines, leaves, hosts):
-    topo = LeafSpineTopo(spines=spines, leaves=leaves, hosts=hosts, host_bw=50, fabric_bw=200)
+    topo = LeafSpineTopo(spines=spines, leaves=leaves, hosts_per_leaf=hosts, host_bw=50, fabric_bw=200)
     check_common(topo, leaves * hosts)
     assert sorted(topo.switches()) == sorted(
         [f"spine{s}" for s in range(1, spines + 1)] + [f"leaf{n}" for n in range(1, leaves + 1)])
@@ -86,7 +86,7 @@ def test_mtu_and_tcp_cc_reach_every_link_and_host(cls, params):
 
 
 def test_addresses_past_255_hosts():
-    topo = LeafSpineTopo(spines=1, leaves=1, hosts=300)
+    topo = LeafSpineTopo(spines=1, leaves=1, hosts_per_leaf=300)
     check_common(topo, 300)
     assert topo.nodeInfo("h256")["ip"] == "10.0.1.0/8"
     assert topo.nodeInfo("h300")["mac"] == "00:00:00:00:01:2c"
@@ -94,7 +94,7 @@ def test_addresses_past_255_hosts():
 
 def test_many_leaves_are_refused_or_keep_distinct_dpids():
     try:
-        topo = LeafSpineTopo(spines=1, leaves=4097, hosts=1)
+        topo = LeafSpineTopo(spines=1, leaves=4097, hosts_per_leaf=1)
     except TopologyError as err:
         assert str(err).startswith("leaves: ")
         return
@@ -143,9 +143,9 @@ def test_fat_tree_sizes(k):
     (LeafSpineTopo, {"spines": 2.0}, "spines"),
     (LeafSpineTopo, {"leaves": -1}, "leaves"),
     (LeafSpineTopo, {"leaves": "2"}, "leaves"),
-    (LeafSpineTopo, {"hosts": -1}, "hosts"),
-    (LeafSpineTopo, {"hosts": False}, "hosts"),
-    (LeafSpineTopo, {"hosts": 1 << 23, "leaves": 3}, "hosts"),
+    (LeafSpineTopo, {"hosts_per_leaf": -1}, "hosts_per_leaf"),
+    (LeafSpineTopo, {"hosts_per_leaf": False}, "hosts_per_leaf"),
+    (LeafSpineTopo, {"hosts_per_leaf": 1 << 23, "leaves": 3}, "hosts_per_leaf"),
     (LeafSpineTopo, {"host_bw": -5}, "host_bw"),
     (LeafSpineTopo, {"host_bw": True}, "host_bw"),
     (LeafSpineTopo, {"host_bw": float("nan")}, "host_bw"),
