@@ -9,10 +9,13 @@ copies them back (fetch) when the run ends.
 """
 from __future__ import annotations
 
+import csv
 import functools
 import shlex
 import subprocess
+import time
 from functools import cache
+from pathlib import Path
 from shutil import which
 from typing import Callable
 
@@ -184,6 +187,60 @@ def fetch(node, path: str) -> str:
                           capture_output=True, text=True)
     said = copy.stderr.strip().splitlines()
     return f"copying {path} from {server} failed: {said[-1] if said else copy.returncode}" if copy.returncode else ""
+
+
+CLOCK_SAMPLES = 5
+
+
+def offset_from_samples(samples: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """A server's clock offset from (sent, its clock, received) triples read on this machine's clock,
+    as NTP reads it: its clock minus the middle of the round trip, from the shortest round trip;
+    and the half round trip, which bounds the error."""
+    sent, remote_now, received = min(samples, key=lambda sample: sample[2] - sample[0])
+    return remote_now - (sent + received) / 2, (received - sent) / 2
+
+
+def clock_offset(node, clock: Callable[[], float] = time.time) -> tuple[float, float]:
+    """How far the clock of the node's server is ahead of this machine's (seconds), and the bound
+    on that figure's error: (0, 0) here. Host apps stamp their records with their server's clock."""
+    if server_of(node) == LOCAL:
+        return 0.0, 0.0
+    samples = []
+    for _ in range(CLOCK_SAMPLES):
+        sent = clock()
+        said = node.rcmd("date +%s.%N").strip()
+        received = clock()
+        try:
+            samples.append((sent, float(said.split()[-1]), received))
+        except (ValueError, IndexError):
+            raise ClusterError(f"cluster: reading the clock of {server_of(node)} failed: {said!r}") from None
+    return offset_from_samples(samples)
+
+
+TIMESTAMPED = {"iterations.csv": ("start_s", "end_s"), "tensors.csv": ("start_s", "end_s")}
+
+
+def to_local_clock(folder: Path, offset_s: float) -> None:
+    """Restamp a host app's records written on a server whose clock is `offset_s` ahead: the
+    runner's metrics compare times across processes (the last worker's end of an iteration, the
+    straggler spread), so every record must be on this machine's clock."""
+    if offset_s == 0:
+        return
+    for name, columns in TIMESTAMPED.items():
+        path = folder / name
+        if not path.exists():
+            continue
+        with open(path, newline="") as stream:
+            reader = csv.DictReader(stream)
+            fields, rows = reader.fieldnames or [], list(reader)
+        for row in rows:
+            for column in columns:
+                if row.get(column):
+                    row[column] = f"{float(row[column]) - offset_s:.6f}"
+        with open(path, "w", newline="") as stream:
+            writer = csv.DictWriter(stream, fields)
+            writer.writeheader()
+            writer.writerows(rows)
 
 
 def kill_remote(node, marker: str) -> None:

@@ -206,8 +206,23 @@ def fabric_placement(fab: Fabric) -> dict:
     return {"hosts": len(layout.hosts), "switches": len(layout.switches), "links": len(layout.links),
             "servers": {server: sorted(name for name in where if where[name] == server)
                         for server in dict.fromkeys(where.values())},
+            "clock_offsets": {server: {"offset_s": offset, "error_s": error}
+                              for server, (offset, error) in clock_offsets(fab).items()},
             "crossing_links": len(crossing_links(layout, where)),
             "placement": fab.placement if fab.servers else None}  # None: Mininet's own classes, no cluster
+
+
+_clock_offsets: dict[str, dict[str, tuple[float, float]]] = {}  # fabric id -> server -> (offset, error)
+
+
+def clock_offsets(fab: Fabric) -> dict[str, tuple[float, float]]:
+    """Each server's clock against this machine's, measured once per fabric (through one of its hosts)."""
+    if fab.id not in _clock_offsets:
+        first = {}
+        for host in fab.net.hosts:
+            first.setdefault(cluster.server_of(host), host)
+        _clock_offsets[fab.id] = {server: cluster.clock_offset(host) for server, host in first.items()}
+    return _clock_offsets[fab.id]
 
 
 def fabric_memory(run_dirs: list[Path]) -> dict:
@@ -328,6 +343,9 @@ def run_once(fab: Fabric, out: Path, plan: RunPlan, rates: pd.DataFrame, stats_c
     end_s = time.time()
     problems = fab.controller_problems()[known_problems:]
     fetched = [cluster.fetch(fab.host(process.host), str(process.stdout.parent)) for process in processes]
+    for process in processes:  # every record on this machine's clock
+        offset, _ = clock_offsets(fab).get(cluster.server_of(fab.host(process.host)), (0.0, 0.0))
+        cluster.to_local_clock(process.stdout.parent, offset)
     error = "; ".join(filter(None, [error, *fetched, *schedule.errors,
                                     *(f"controller: {line}" for line in problems[:1])]))
     write_csv(rates, path / "port_rates.csv")

@@ -6,7 +6,9 @@ import sys
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from emulation.cluster import remote_argv
+import pytest
+
+from emulation.cluster import clock_offset, offset_from_samples, remote_argv, to_local_clock
 
 PRINTER = "import json, os, sys; print(json.dumps([os.getcwd(), *sys.argv[1:]]))"
 WORDS = st.lists(st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), max_size=12),
@@ -32,3 +34,34 @@ def test_without_a_folder_the_command_runs_where_the_shell_starts(tmp_path):
     line = " ".join(remote_argv(["pwd"], None))
     done = subprocess.run(["sh", "-c", line], cwd=tmp_path, capture_output=True, text=True)
     assert done.stdout.strip() == str(tmp_path)
+
+
+def test_a_servers_clock_is_read_from_its_shortest_round_trip():
+    # its clock is 2.5 s ahead; the second sample's round trip is the shortest (2 ms)
+    samples = [(10.0, 12.53, 10.06), (20.0, 22.501, 20.002), (30.0, 32.52, 30.03)]
+    offset, error = offset_from_samples(samples)
+    assert offset == pytest.approx(2.5) and error == pytest.approx(0.001)
+
+
+def test_clock_offset_asks_the_server_and_is_zero_here():
+    class Node:
+        server = "rack2"
+        replies = iter(["1000.5\n"] * 5)
+
+        def rcmd(self, command):
+            assert command == "date +%s.%N"
+            return next(self.replies)
+    ticks = iter([998.0, 998.2] * 5)
+    assert clock_offset(Node(), clock=lambda: next(ticks)) == (pytest.approx(2.4), pytest.approx(0.1))
+
+    class Here:
+        server = "localhost"
+    assert clock_offset(Here()) == (0.0, 0.0)
+
+
+def test_a_remote_processs_records_are_restamped_on_this_machines_clock(tmp_path):
+    (tmp_path / "iterations.csv").write_text("job,iteration,start_s,end_s,compute_s\n1,0,102.5,103.0,0.4\n")
+    (tmp_path / "tensors.csv").write_text("tensor,start_s,end_s\nfc1,102.75,102.875\n")
+    to_local_clock(tmp_path, 2.5)
+    assert (tmp_path / "iterations.csv").read_text().splitlines()[1] == "1,0,100.000000,100.500000,0.4"
+    assert (tmp_path / "tensors.csv").read_text().splitlines()[1] == "fc1,100.250000,100.375000"
