@@ -403,8 +403,9 @@ def completed_run_ids(out_dir: str | Path, spec: Spec) -> set[str]:
 # Columns added to the records after results were already made with them: older results read as
 # empty there, so they still aggregate (each other missing column is an error).
 LATER_COLUMNS = {"delivered_fraction_reduce", "delivered_fraction_gather", "mem_used_mb", "straggler_s"}
-# The contracts' columns of text; every other column holds numbers (an empty cell is NaN).
-TEXT_COLUMNS = {"run_id", "job", "role", "tensor", "direction", "peer", "switch", "tier"}
+# The contracts' columns of text; every other column holds numbers (an empty cell is NaN). A
+# tensor's layer is text: a bucket of a fused or partitioned all-reduce names its layers, "2+1+0".
+TEXT_COLUMNS = {"run_id", "job", "role", "tensor", "layer", "direction", "peer", "switch", "tier"}
 # The columns that say what a row is about: never empty.
 KEY_COLUMNS = {"run_id", "time_s", "switch", "port", "cs", "role", "rank", "iteration"}
 

@@ -467,3 +467,15 @@ def test_results_made_before_a_column_was_added_still_aggregate(tmp_path):
             iterations, index=False)
     runs = results.aggregate(tmp_path)
     assert runs["iter_time_mean_s"].notna().any() and runs["delivered_fraction_reduce"].isna().all()
+
+
+def test_a_bucket_of_several_layers_is_read_as_its_layers_text(tmp_path):
+    """A fused or partitioned all-reduce sends buckets of layers: tensors.csv names them "2+1+0"."""
+    make_results(tmp_path)
+    for tensors in tmp_path.glob("runs/*/*/tensors.csv"):
+        table = pd.read_csv(tensors)
+        table["layer"] = table["layer"].map(lambda layer: "2+1+0" if layer == 0 else layer)
+        table.to_csv(tensors, index=False)
+    runs = results.aggregate(tmp_path)
+    assert runs["iter_time_mean_s"].notna().sum() == len(runs) - 1  # all but the failed run
+    assert "2+1+0" in set(pd.read_csv(tmp_path / "tensors.csv", dtype={"layer": str})["layer"])
