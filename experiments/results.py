@@ -421,6 +421,8 @@ def _parse_csv(path: Path, columns: list[str], numeric: list[str] | None = None,
         raise Damaged(path, "empty")
     if not data.endswith(b"\n"):
         raise Damaged(path, "cut short (its last line does not end)")  # every writer ends its lines
+    if "layer" in columns:  # numbers and buckets' "2+1+0" in one column: read as text from the start
+        options = {"dtype": {"layer": str}, **options}
     try:
         frame = pd.read_csv(io.BytesIO(data), **options)
     except (ValueError, TypeError, RecursionError) as error:  # pandas' ParserError, EmptyDataError, bad UTF-8
