@@ -9,7 +9,8 @@ pipeline a round behind the one before (experiments/traffic.allreduce_ticks); `b
 busiest link direction of each tick takes at the links' rates (the fabric's uplinks included, so that an
 algorithm that crosses an oversubscribed fabric at once pays for it), summed over the ticks and counted
 in bytes of the host link (experiments/traffic.tick_seconds). alpha (seconds a round) and beta (seconds
-a byte) are the fabric's, with the host apps' software in them: fitted by least squares, per fabric
+a byte) are the fabric's, with the host apps' software in them: fitted by least squares of the relative
+errors, per fabric
 (every matrix point but the algorithm and the model size), to the runs of each algorithm's smallest and
 largest model. A run measures T as its mean iteration time less its compute: with one unit, the next
 iteration's forward pass waits for the whole all-reduce.
@@ -72,9 +73,12 @@ class Prediction:
 
 
 def fit(points: list[tuple[int, float, float]]) -> tuple[float, float]:
-    """alpha, beta >= 0 of T = ticks x alpha + bytes x beta, least squares over (ticks, bytes, T) points."""
-    design = np.array([[ticks, nbytes] for ticks, nbytes, _ in points], dtype=float)
-    measured = np.array([seconds for _, _, seconds in points])
+    """alpha, beta >= 0 of T = ticks x alpha + bytes x beta, least squares of the relative errors over
+    (ticks, bytes, T) points: the sizes span 300x, and in absolute seconds the largest models' residues
+    (a pipeline's fill at 1.2 MB) would set alpha for the small ones, where alpha is all there is."""
+    weights = np.array([1 / seconds if seconds > 0 else 0.0 for _, _, seconds in points])
+    design = np.array([[ticks, nbytes] for ticks, nbytes, _ in points], dtype=float) * weights[:, None]
+    measured = np.array([seconds for _, _, seconds in points]) * weights
     (alpha, beta), *_ = np.linalg.lstsq(design, measured, rcond=None)
     if alpha >= 0 and beta >= 0:
         return float(alpha), float(beta)

@@ -79,3 +79,12 @@ def test_the_command_line_writes_both_tables_or_says_in_one_line_what_is_missing
     assert "ring" in capsys.readouterr().out and (out / "crossovers.csv").exists()
     assert alphabeta.main([str(tmp_path)]) == 2
     assert capsys.readouterr().err == f"error: {tmp_path / 'spec.yaml'}: missing\n"
+
+
+def test_the_fit_weighs_a_small_models_time_as_much_as_a_large_ones():
+    # 1 ms a round and 1 us a byte, but the large runs of the long pipeline pay 10 ms more a round:
+    # in absolute seconds they would set alpha, and the small model would be predicted 5x too slow
+    points = [(10, 1_000, 0.011), (10, 1_000_000, 1.01), (6, 2_000, 0.008), (30, 1_000_000, 1.33)]
+    alpha, beta = alphabeta.fit(points)
+    for ticks, nbytes, seconds in points[:1] + points[2:3]:
+        assert ticks * alpha + nbytes * beta == pytest.approx(seconds, rel=0.35)
