@@ -14,10 +14,9 @@ from typing import Any, Literal
 from common.frames import DEFAULT_MTU, MAX_MTU, MIN_MTU
 from common.schema import knob, section
 from controller.options import ControllerOptions
-from controller.pipeline import MAX_JOBS
 from controller.routing import LB_MODES
 from controller.scheduling import CLASS_POLICIES
-from controller.sharing import SHARING_POLICIES
+from controller.sharing import MAX_JOBS, SHARING_POLICIES
 from experiments.spec.topology import host_names
 from hostapps.config import Training
 from topologies.cluster import LOCAL, PLACERS
@@ -156,7 +155,7 @@ class RunConfig:
     job: Job = section(Job)
     jobs: list[JobEntry] = knob(
         [], f"[] for the one job of `job`, or a list of 2..{MAX_JOBS} jobs (the controller holds {MAX_JOBS}), each "
-        "on hosts of its own", lambda jobs: jobs == [] or 2 <= len(jobs) <= MAX_JOBS)
+        "on hosts of its own", lambda jobs: jobs == [] or len(jobs) >= 2)
     background: list[Flow] = knob(
         [], f"a list of at most {MAX_FLOWS} flows: their iperf3 ports stay below the job's",
         lambda flows: len(flows) <= MAX_FLOWS)
