@@ -76,7 +76,8 @@ def run_list(spec: Spec) -> str:
         for name, job_run in zip(run.job_names, run.job_runs):
             config = job_run.config
             servers = ",".join(config.server_hosts) or "-"
-            head = f"{'':>3}  {'  ' + name:<{width}}" if run.config.jobs else f"{run.index + 1:>3}  {run.run_id:<{width}}"
+            head = (f"{'':>3}  {'  ' + name:<{width}}" if run.config.jobs
+                    else f"{run.index + 1:>3}  {run.run_id:<{width}}")
             lines.append(f"{head}  {config.job.mode:<9} lb={run.controller.lb:<6} "
                          f"sched={run.controller.sched} transport={config.job.transport} "
                          f"workers={','.join(config.worker_hosts)} servers={servers} "

@@ -334,8 +334,9 @@ def check_live_port(port: int | None, field: str = "live") -> None:
 
 
 def dry_run(spec: Spec) -> list[RunPlan]:
-    """Every run's plans (each job's, plan_jobs), as the runner will compute them; a SpecError (one line naming the field, and
-    the run when the spec has a matrix) for anything the runner would fail on before its first fabric."""
+    """Every run's plans (each job's, plan_jobs), as the runner will compute them; a SpecError (one
+    line naming the field, and the run when the spec has a matrix) for anything the runner would
+    fail on before its first fabric."""
     check_live_port(spec.header.live)
     plans = []
     for run in spec.runs:

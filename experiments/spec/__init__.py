@@ -16,6 +16,7 @@ from experiments.spec.schema import FLOW_PORTS, Cluster, Controller, Fault, Flow
     Topology
 from experiments.spec.topology import host_names, layout_of, topology_links
 
-__all__ = ["ALONE", "FLOW_PORTS", "Axis", "JobEntry", "alone_runs", "Cluster", "Controller", "Fault", "Flow", "Header", "Job", "Run", "RunConfig",
-           "Spec", "SpecError", "Topology", "YamlLimitError", "check_config", "get_field", "host_names", "layout_of",
-           "load_spec", "load_yaml", "not_allowed", "parse_spec", "run_id", "scheme_of", "topology_links"]
+__all__ = ["ALONE", "FLOW_PORTS", "Axis", "JobEntry", "alone_runs", "Cluster", "Controller", "Fault", "Flow",
+           "Header", "Job", "Run", "RunConfig", "Spec", "SpecError", "Topology", "YamlLimitError", "check_config",
+           "get_field", "host_names", "layout_of", "load_spec", "load_yaml", "not_allowed", "parse_spec", "run_id",
+           "scheme_of", "topology_links"]

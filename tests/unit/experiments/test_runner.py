@@ -48,11 +48,11 @@ def test_a_run_that_fails_at_run_time_fails_alone(monkeypatch, tmp_path):
     monkeypatch.setattr(runner, "fabric_memory", lambda run_dirs: {})
     ran = []
 
-    def run_once(fab, out, plan, rates, stats_csv, progress):
-        ran.append(plan.run.run_id)
+    def run_once(fab, out, plans, rates, stats_csv, progress, run):
+        ran.append(run.run_id)
         if len(ran) == 1:
             raise ConfigError("--servers", "2 shards but the model has only 1 tensors")
-        runner.write_run_record(out, plan.run, "ok", 0.0, 1.0)
+        runner.write_run_record(out, run, "ok", 0.0, 1.0)
         return "ok"
 
     monkeypatch.setattr(runner, "run_once", run_once)
