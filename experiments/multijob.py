@@ -15,7 +15,9 @@ repetition.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import Callable
 
 import pandas as pd
 
@@ -53,6 +55,20 @@ def with_alone(runs: pd.DataFrame, alone: dict[tuple[str, str], str]) -> pd.Data
         runs.at[index, "alone_iter_time_s"] = time_alone
         runs.at[index, "slowdown_vs_alone"] = row["iter_time_mean_s"] / time_alone if time_alone else math.nan
     return runs
+
+
+def effects_by_job(runs: pd.DataFrame, spec: Spec, effects: Callable[[pd.DataFrame, Spec], pd.DataFrame]
+                   ) -> pd.DataFrame:
+    """effects.csv (experiments/effects.py): for a spec of several jobs, each job's effects apart,
+    its name in the mode column ("allreduce mlp"), the alone runs left out (they are no scheme)."""
+    if not any(run.config.jobs for run in spec.runs):
+        return effects(runs, spec)
+    shared = dataclasses.replace(spec, runs=[run for run in spec.runs if not run.alone])
+    frames = []
+    for name in dict.fromkeys(name for run in shared.runs for name in run.job_names):
+        found = effects(runs[runs["job"] == name], shared)
+        frames.append(found.assign(mode=found["mode"] + f" {name}"))
+    return pd.concat(frames, ignore_index=True) if frames else effects(runs.iloc[:0], spec)
 
 
 def runs_table(runs: pd.DataFrame, spec: Spec) -> pd.DataFrame:
@@ -93,7 +109,7 @@ def summary_lines(table: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
     completion times, the utilization and their gains against the baseline."""
     if table.empty:
         return []
-    jobs = runs[runs["job"].fillna("") != ""].copy()
+    jobs = runs[runs["job"].astype("string").fillna("") != ""].copy()
     jobs["scheme"] = jobs["run_id"].map(lambda run_id: run_id.rsplit(",rep=", 1)[0])
     slowdowns = jobs.groupby(["scheme", "job"], sort=False)["slowdown_vs_alone"].mean().unstack("job")
     lines = ["## Jobs sharing the fabric", "",

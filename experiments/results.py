@@ -42,7 +42,7 @@ import yaml
 from controller import stats as controller_stats
 from experiments import fidelity, metrics, multijob
 from experiments.sampler import CPU_COLUMNS, DRAIN_COLUMNS, QUEUE_COLUMNS, SOCKET_COLUMNS
-from experiments.columns import CONFIG_COLUMNS, runs_columns
+from experiments.columns import CONFIG_COLUMNS, JOB_COLUMNS, runs_columns
 from experiments.effects import EFFECT_COLUMNS, EFFECT_NUMERIC, effects
 from experiments.spec import Run, Spec, alone_runs, get_field, parse_spec, scheme_of
 from hostapps import records
@@ -650,12 +650,13 @@ def aggregate(out_dir: str | Path, say=lambda line: print(line, file=sys.stderr)
                 queues.append(_with_run_id(queue_totals[QUEUE_TOTAL_COLUMNS], run.run_id))
     runs = pd.DataFrame(rows, columns=runs_columns(axes))
     baseline_axis, baseline_label = spec.baseline or (None, None)
-    runs["speedup_vs_baseline"] = metrics.speedup_vs_baseline(runs, axes, baseline_axis, baseline_label)
+    # a job of several against the same job in the baseline's run
+    runs["speedup_vs_baseline"] = metrics.speedup_vs_baseline(runs, [*axes, "job"], baseline_axis, baseline_label)
     runs = multijob.with_alone(runs, alone_runs(spec))
     write_csv(runs, out / "runs.csv")
     if any(run.config.jobs for run in spec.runs):
         write_csv(multijob.runs_table(runs, spec), out / "multijob.csv")
-    write_csv(effects(runs, spec), out / "effects.csv")
+    write_csv(multijob.effects_by_job(runs, spec, effects), out / "effects.csv")
     for name, frames, columns in (("iterations", iterations, ITERATION_COLUMNS),
                                   ("tensors", tensors, TENSOR_COLUMNS),
                                   ("links", links, metrics.LINK_COLUMNS),
@@ -666,7 +667,7 @@ def aggregate(out_dir: str | Path, say=lambda line: print(line, file=sys.stderr)
 
 # runs.csv's columns of numbers (the others are text, or the axes' labels).
 RUNS_NUMERIC = ["workers", *(column for column in metrics.METRIC_COLUMNS
-                             if column not in ("fidelity_ok", "fidelity_reason"))]
+                             if column not in ("fidelity_ok", "fidelity_reason")), *JOB_COLUMNS]
 
 
 def read_tables(out_dir: str | Path, say=lambda line: print(line, file=sys.stderr)) -> dict[str, pd.DataFrame]:

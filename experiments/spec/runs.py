@@ -107,9 +107,12 @@ class Spec:
 
     def resolved_document(self) -> dict[str, Any]:
         """The spec with every default filled in; parse_spec of it gives the same runs."""
+        config = dataclasses.asdict(self.base)
+        if self.base.jobs:
+            del config["job"]  # the first of jobs
         return {
             "name": self.header.name, "description": self.header.description,
-            **dataclasses.asdict(self.base),
+            **config,
             "repetitions": self.header.repetitions, "matrix": copy.deepcopy(self.header.matrix),
             "include": copy.deepcopy(self.header.include), "exclude": copy.deepcopy(self.header.exclude),
             "confidence": self.header.confidence,
