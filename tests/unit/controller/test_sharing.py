@@ -1,6 +1,6 @@
 """Inter-job sharing (controller/sharing.py): two jobs' classes under each policy, on fake switches
-wired as a leaf-spine (tests/helpers/fakeswitch.py), and CASSINI-style offsets on hand-computed
-periods."""
+wired as a leaf-spine (tests/helpers/fakeswitch.py), CASSINI-style offsets on hand-computed
+periods, and what POST and GET /jobs of the real app tell the runner."""
 import pytest
 
 from common.classes import GRADIENT_DSCPS
@@ -10,6 +10,7 @@ from controller.scheduling import JobFlow, Layer, RegisteredJob, describe_job, p
 from controller.sharing import MAX_JOBS, JobTiming, bands, interleave, share
 from helpers.fabric_views import ip, leaf_spine
 from unit.controller.test_pipeline import installed, marked, sync_marks, tcp
+from unit.controller.test_rest import controller_app, refused, request
 
 CS6, CS5, CS4, CS3, CS2 = GRADIENT_DSCPS
 
@@ -140,3 +141,30 @@ def test_fair_and_intensity_start_every_job_at_once():
     shifted = [job("a", ip(1), ip(3), fwd_ms=60.0, bwd_ms=40.0, comm_ms=40.0),
                job("b", ip(2), ip(4), fwd_ms=60.0, bwd_ms=40.0, comm_ms=40.0)]
     assert share("timeshift", shifted).offsets_ms == {"a": 0.0, "b": pytest.approx(40.0)}
+
+
+# -- the REST API ----------------------------------------------------------------------------------
+def rest_job(name, src, dst, sharing, fwd_ms, bwd_ms, comm_ms):
+    return {"job": name, "policy": "fifo", "hosts": [src, dst], "sharing": sharing, "comm_ms": comm_ms,
+            "layers": [{"index": 0, "name": "a", "bytes": 1000, "fwd_ms": fwd_ms, "bwd_ms": bwd_ms}],
+            "flows": [{"src": src, "dst": dst, "proto": "tcp", "dport": 7000}]}
+
+
+def test_post_and_get_jobs_tell_each_job_its_band_and_start_offset():
+    with controller_app() as app:
+        heavy = rest_job("heavy", ip(1), ip(3), "intensity", **HEAVY)
+        light = rest_job("light", ip(2), ip(4), "intensity", **LIGHT)
+        assert request(app, "POST", "/jobs", light).json["band"] == list(GRADIENT_DSCPS)  # alone: every class
+        posted = request(app, "POST", "/jobs", heavy).json
+        assert (posted["band"], posted["layers"][0]["dscp"]) == ([CS6, CS5], CS6)
+        shown = {job["job"]: job for job in request(app, "GET", "/jobs").json}
+        assert shown["light"]["band"] == [CS4, CS3, CS2] and shown["light"]["intensity"] == 0.5
+        refused(request(app, "POST", "/jobs", rest_job("other", ip(5), ip(6), "timeshift", **LIGHT)), 409,
+                "sharing: 'timeshift' is not allowed while job")
+        for name in ("heavy", "light"):
+            assert request(app, "DELETE", f"/jobs/{name}").status_int == 200
+        a = rest_job("a", ip(1), ip(3), "timeshift", 60.0, 40.0, 40.0)
+        b = rest_job("b", ip(2), ip(4), "timeshift", 60.0, 40.0, 40.0)
+        request(app, "POST", "/jobs", a)
+        assert request(app, "POST", "/jobs", b).json["start_offset_ms"] == pytest.approx(40.0)
+        assert [job["start_offset_ms"] for job in request(app, "GET", "/jobs").json] == [0.0, pytest.approx(40.0)]
