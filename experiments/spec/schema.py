@@ -41,8 +41,9 @@ DURATION_SECONDS = f"seconds, > 0 and at most {MAX_SECONDS}"
 FLOW_PORTS = 10
 MAX_FLOWS = 100
 # A job of several starts within this of the run's start: a process waiting for its start keeps its
-# peers silent, and they give up after experiments/runplan.py's PEER_TIMEOUT_S (30 s).
-MAX_START_S = 20.0
+# peers silent, and they give up after experiments/runplan.py's PEER_TIMEOUT_S (30 s); the runner's
+# start-up (4 s) and a sharing offset (under a period) come on top.
+MAX_START_S = 15.0
 JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")  # a part of the controller's job id
 
 

@@ -53,7 +53,7 @@ def spec_with(change) -> dict:
     (lambda d: d["jobs"][0].update(collective="tree", mode="ps", servers=["h2"], workers=["h1"]),
      "jobs.1.workers.0: h2 is also jobs.0's (each host runs one job's process)"),
     (lambda d: d["jobs"][1].update(start_s=50),
-     "jobs.1.start_s: 50 is not allowed (seconds 0..20 after the run's jobs start, when this job's first "
+     "jobs.1.start_s: 50 is not allowed (seconds 0..15 after the run's jobs start, when this job's first "
      "iteration starts)"),
     (lambda d: d.update(jobs=[{"workers": [f"h{i}"]} for i in range(1, 18)], topology={"leaves": 9}),
      "jobs: 17 jobs are not allowed (at most 16: the controller holds 16 jobs)"),
