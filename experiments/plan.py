@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 
-from experiments.runplan import RunPlan, fabric_key
+from experiments.runplan import RunPlan, data_flows, fabric_key
 from experiments.spec import layout_of
 from experiments.traffic import link_traffic
 from topologies.cluster import LOCAL, crossing_links, placement
@@ -77,8 +77,10 @@ def jobs_text(plans: list[RunPlan]) -> list[str]:
         busiest = max(carried, key=carried.get, default=None)
         where = "-" if busiest is None else f"{'-'.join(sorted(busiest))} {carried[busiest] / 1e6:.2f} MB"
         servers = f" servers {','.join(config.server_hosts)}" if config.server_hosts else ""
+        flows = [flow.what for flow in data_flows(plan.run) if not flow.what.startswith("flow")]  # not background
         lines.append(f"    {plan.name}: {config.job.mode} {config.job.model.name} {config.job.transport}, workers "
-                     f"{','.join(config.worker_hosts)}{servers}; start {plan.start_s:g} s; {len(carried)} links, "
+                     f"{','.join(config.worker_hosts)}{servers}; start {plan.start_s:g} s; {len(flows)} flows "
+                     f"({', '.join(flows[:4])}{' ...' if len(flows) > 4 else ''}) over {len(carried)} links, "
                      f"busiest {where}, {plan.bounds['link_bound_s'] * 1e3:.1f} ms at its rate")
         for link in carried:
             users.setdefault(link, []).append(plan.name)

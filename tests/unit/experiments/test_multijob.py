@@ -105,7 +105,8 @@ def test_plan_shows_each_jobs_hosts_and_the_links_they_share():
     spec = parse_spec(SPEC)
     text = plan_text(spec.name, dry_run(spec))
     assert "sharing=fair,rep=1 [resnet]" in text
-    assert "    resnet: allreduce resnet50 tcp, workers h2,h4; start 1 s;" in text
+    assert ("    resnet: allreduce resnet50 tcp, workers h2,h4; start 1 s; 2 flows (worker0->worker1, "
+            "worker1->worker0)") in text
     assert "links shared by jobs: 4: leaf1-spine1 (mlp+resnet)" in text
 
 
