@@ -18,7 +18,8 @@ from controller import openflow
 from controller.openflow import ETH_ARP, ETH_IP, ETH_LLDP, Match, Message
 from controller.priority import MAX_MARKS, PROTOCOLS, CapacityError, FlowClass, ingress_switch
 from controller.routing import Output, SwitchPlan
-from controller.scheduling import RegisteredJob, job_flow_classes
+from controller.scheduling import RegisteredJob, job_flow_classes, sharing_of
+from controller.sharing import MAX_JOBS
 from controller.topology import FabricView
 
 CLASSIFY_TABLE, FORWARD_TABLE = 0, 1
@@ -30,7 +31,6 @@ PROBE_SRC_BYTES = bytes.fromhex("020000000001")
 PROBE_MAGIC = b"DNNTB-PROBE"
 # An ARP request we flood may come back to us through the fabric; ignore such echoes this long.
 FLOOD_ECHO_S = 0.5
-MAX_JOBS = 16  # registered training jobs (the runner registers one per run)
 
 
 # -- a switch connects ----------------------------------------------------------------------------
@@ -134,6 +134,7 @@ class WantedMarks:
         self.rest: list[FlowClass] = []  # set over REST (/fabric/classes)
         self.jobs: dict[str, RegisteredJob] = {}
         self.job_classes: dict[str, list[FlowClass]] = {}  # job id -> its rewrites
+        self.job_bands: dict[str, tuple[int, ...]] = {}  # job id -> the classes its rewrites use
 
     def classes(self) -> list[FlowClass]:
         """The REST marks, then every job's (a later class for one match replaces an earlier)."""
@@ -154,21 +155,37 @@ class WantedMarks:
         self.rest = [] if drop is None else [f for f in self.rest if f.match_key() not in drop]
 
     def register(self, job: RegisteredJob) -> None:
-        """Schedule a training job's flows by its policy (a job of the same id is replaced)."""
+        """Schedule a training job's flows by its policy (a job of the same id is replaced), every
+        job's in its band under their sharing policy (controller/sharing.py), which all name."""
         if job.job not in self.jobs and len(self.jobs) >= MAX_JOBS:
             raise CapacityError(f"job: {MAX_JOBS} jobs are registered, the most allowed "
                                 "(DELETE /jobs/<id> first)")
-        classes = job_flow_classes(job)
-        self._check(len(self.rest), len(classes) + sum(
-            len(c) for other, c in self.job_classes.items() if other != job.job))
-        self.jobs[job.job], self.job_classes[job.job] = job, classes
+        other = next((other for other in self.jobs.values() if other.job != job.job and other.sharing != job.sharing),
+                     None)
+        if other is not None:
+            raise CapacityError(f"sharing: {job.sharing!r} is not allowed while job {other.job} is registered with "
+                                f"sharing {other.sharing!r} (one policy shares the fabric; DELETE /jobs/<id> first)")
+        jobs = {**self.jobs, job.job: job}
+        bands, classes = self._classes(jobs, changed=job.job)
+        self._check(len(self.rest), sum(map(len, classes.values())))
+        self.jobs, self.job_bands, self.job_classes = jobs, bands, classes
 
     def remove(self, job_id: str) -> bool:
-        """Unregister a job; False when no such job is registered."""
-        if self.jobs.pop(job_id, None) is None:
+        """Unregister a job (the others' bands follow); False when no such job is registered."""
+        if job_id not in self.jobs:
             return False
-        del self.job_classes[job_id]
+        self.jobs = {other: job for other, job in self.jobs.items() if other != job_id}
+        self.job_bands, self.job_classes = self._classes(self.jobs)
         return True
+
+    def _classes(self, jobs: dict[str, RegisteredJob], changed: str | None = None
+                 ) -> tuple[dict[str, tuple[int, ...]], dict[str, list[FlowClass]]]:
+        """Every job's band and rewrites under their sharing; a job whose band stayed keeps its
+        rewrites (under `fair` only the changed job's are made)."""
+        bands = sharing_of(list(jobs.values())).bands
+        classes = {job_id: self.job_classes[job_id] if job_id != changed and self.job_bands.get(job_id) == band
+                   else job_flow_classes(jobs[job_id], band) for job_id, band in bands.items()}
+        return bands, classes
 
     @staticmethod
     def _check(rest: int, jobs: int) -> None:

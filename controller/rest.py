@@ -42,7 +42,7 @@ import webob.dec
 from ryu.lib import hub
 
 from controller.priority import CapacityError, ClassEntry, FlowClass, flow_classes, shown
-from controller.scheduling import JOB_ID_ALLOWED, describe_job, is_job_id, parse_job
+from controller.scheduling import JOB_ID_ALLOWED, describe_job, is_job_id, parse_job, sharing_of
 from common import schema
 from common.schema import SchemaError, knob
 
@@ -467,7 +467,7 @@ class RestApi:
         self.core.register_job(job)
         self.install_marks()
         hub.sleep(0)
-        described = describe_job(job)
+        described = describe_job(job, sharing_of(list(self.core.wanted.jobs.values())))
         hub.sleep(0)
         return _json(described)
 

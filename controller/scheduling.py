@@ -14,6 +14,7 @@ decorate with `@register`.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Iterable, Sequence
@@ -23,6 +24,7 @@ from controller.priority import (IPV4, MAX_FLOWS, MAX_MARKS, MAX_PORT, PORT, PRO
 from common import schema
 from common.classes import DROPPABLE_DSCP, GRADIENT_DSCPS, LOWER_EFFORT_DSCP, UNMARKED_DSCP
 from common.schema import SchemaError, knob
+from controller.sharing import SHARING_POLICIES, Sharing, share
 
 # Layers in one job: real models have hundreds of parameter tensors; ranking the most allowed
 # takes a few milliseconds.
@@ -93,6 +95,12 @@ class JobDocument:
     layers: list[Layer] = knob(allowed="a non-empty list of layers", check=bool)
     # No flows: the senders mark each message with its layer's class themselves.
     flows: list[FlowEntry] = knob([], "a list of flows")
+    # Sharing the fabric with other jobs (controller/sharing.py): the policy, one for every job
+    # registered, and what it needs beyond the layer table.
+    sharing: str = knob("fair", choices=lambda: list(SHARING_POLICIES))
+    comm_ms: float | None = knob(None, f"{MILLISECONDS}: the time one iteration's traffic needs on the job's "
+                                 "busiest link (none: the sharing policy estimates it from the layers' bytes)",
+                                 is_ms)
 
 
 @dataclass(frozen=True)
@@ -116,6 +124,8 @@ class RegisteredJob:
     hosts: tuple[str, ...]
     layers: tuple[Layer, ...]
     flows: tuple[JobFlow, ...]
+    sharing: str = "fair"
+    comm_ms: float | None = None
 
 
 # -- policies -------------------------------------------------------------------------------------
@@ -204,21 +214,25 @@ def rank_to_class(rank: int, ranks: int, classes: int = len(GRADIENT_DSCPS)) -> 
     return rank // size if rank < front else classes - larger + (rank - front) // (size + 1)
 
 
-def layer_dscps(policy: str, layers: Sequence[Layer]) -> dict[int, int]:
-    """Layer index -> DSCP under `policy`."""
+def layer_dscps(policy: str, layers: Sequence[Layer], band: Sequence[int] | None = None) -> dict[int, int]:
+    """Layer index -> DSCP under `policy`, its ranking compressed into `band`: the classes the
+    inter-job sharing leaves the job (controller/sharing.py); None or all five, the job's own.
+    In a band of its own, a job with no classes of its own (fifo) takes the band's first."""
+    classes = GRADIENT_DSCPS if band is None else tuple(band)
     ranks = CLASS_POLICIES[policy]().ranks(layers)
     if ranks is None:
-        return {layer.index: UNMARKED_DSCP for layer in layers}
+        dscp = UNMARKED_DSCP if classes == GRADIENT_DSCPS else classes[0]
+        return {layer.index: dscp for layer in layers}
     count = max(ranks.values()) + 1
-    return {index: GRADIENT_DSCPS[rank_to_class(rank, count)] for index, rank in ranks.items()}
+    return {index: classes[rank_to_class(rank, count, len(classes))] for index, rank in ranks.items()}
 
 
 # -- from a job to flow rewrites ----------------------------------------------------------------
-def job_flow_classes(job: RegisteredJob) -> list[FlowClass]:
+def job_flow_classes(job: RegisteredJob, band: Sequence[int] | None = None) -> list[FlowClass]:
     """The DSCP rewrites that enforce the job's policy: each flow carries the class of the most
     urgent layer it carries (one connection cannot be in two classes); a port range becomes one
     masked match per aligned block. Then, for every host, LE-marked datagrams go to CS1."""
-    dscps = layer_dscps(job.policy, job.layers)
+    dscps = layer_dscps(job.policy, job.layers, band)
     classes = []
     for flow in job.flows:
         dscp = max(dscps[index] for index in flow.layers)  # DSCPs grow with urgency
@@ -230,6 +244,17 @@ def job_flow_classes(job: RegisteredJob) -> list[FlowClass]:
     classes += [FlowClass(host, None, DROPPABLE_DSCP, in_dscp=LOWER_EFFORT_DSCP)
                 for host in job.hosts]
     return classes
+
+
+def sharing_of(jobs: Sequence[RegisteredJob]) -> Sharing:
+    """What the jobs' sharing policy decides for them together (every job names the same one)."""
+    return share(jobs[0].sharing if jobs else "fair", jobs)
+
+
+def jobs_flow_classes(jobs: Sequence[RegisteredJob]) -> dict[str, list[FlowClass]]:
+    """Job id -> its rewrites, each job in its band of the classes under their sharing policy."""
+    shared = sharing_of(jobs)
+    return {job.job: job_flow_classes(job, shared.bands[job.job]) for job in jobs}
 
 
 # -- the REST job document ----------------------------------------------------------------------
@@ -278,7 +303,8 @@ def parse_job(data: object, pace: Callable[[Iterable], Iterable] = iter) -> Regi
         indices.add(layer.index)
     hosts, known = frozenset(document.hosts), frozenset(indices)
     flows = tuple(job_flow(flow, f"flows.{at}", hosts, known) for at, flow in pace(enumerate(document.flows)))
-    job = RegisteredJob(document.job, document.policy, tuple(document.hosts), tuple(document.layers), flows)
+    job = RegisteredJob(document.job, document.policy, tuple(document.hosts), tuple(document.layers), flows,
+                        document.sharing, document.comm_ms)
     marks = job_mark_count(job)
     if marks > MAX_MARKS:
         raise SchemaError("flows", f"the job needs {marks} marks (one per host, one per flow or per aligned "
@@ -286,10 +312,16 @@ def parse_job(data: object, pace: Callable[[Iterable], Iterable] = iter) -> Regi
     return job
 
 
-def describe_job(job: RegisteredJob) -> dict:
-    """The job as `GET /jobs` shows it: its policy's DSCP per layer and the rewrites."""
-    dscps = layer_dscps(job.policy, job.layers)
+def describe_job(job: RegisteredJob, shared: Sharing | None = None) -> dict:
+    """The job as `GET /jobs` shows it: its policy's DSCP per layer and the rewrites, in its band
+    of the classes and with its start offset as `shared` (the sharing of every registered job,
+    controller/sharing.py) decides; None: the job alone."""
+    shared = shared or sharing_of([job])
+    band = shared.bands[job.job]
+    dscps = layer_dscps(job.policy, job.layers, band)
     return {"job": job.job, "policy": job.policy, "hosts": list(job.hosts),
             "layers": [{"index": layer.index, "name": layer.name, "dscp": dscps[layer.index]}
                        for layer in job.layers],
-            "classes": [f.to_dict() for f in job_flow_classes(job)]}
+            "classes": [f.to_dict() for f in job_flow_classes(job, band)],
+            "sharing": job.sharing, "band": list(band), "start_offset_ms": round(shared.offsets_ms[job.job], 3),
+            "intensity": None if math.isinf(shared.intensity[job.job]) else round(shared.intensity[job.job], 6)}

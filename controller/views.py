@@ -5,7 +5,7 @@ from typing import Iterable, Iterator, Mapping
 
 from controller.priority import FlowClass, ingress_switch
 from controller.routing import SwitchPlan
-from controller.scheduling import RegisteredJob, describe_job
+from controller.scheduling import RegisteredJob, describe_job, sharing_of
 from controller.topology import FabricView
 
 
@@ -59,5 +59,8 @@ def describe_flow_classes(view: FabricView, flows: Iterable[FlowClass]) -> list[
 
 
 def describe_jobs(jobs: Iterable[RegisteredJob]) -> Iterator[dict]:
-    """GET /jobs: each job, one at a time (REST yields in between)."""
-    return (describe_job(job) for job in list(jobs))
+    """GET /jobs: each job, one at a time (REST yields in between), in its band and with its start
+    offset under the jobs' sharing policy."""
+    jobs = list(jobs)
+    shared = sharing_of(jobs)
+    return (describe_job(job, shared) for job in jobs)

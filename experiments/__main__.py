@@ -60,19 +60,28 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def run_list(spec: Spec) -> str:
-    """The expanded runs, one line each, as `validate` prints them."""
-    lines = [f"{spec.name}: {len(spec.runs)} runs ({len(spec.runs) // spec.header.repetitions} "
-             f"matrix points x {spec.header.repetitions} repetition(s))"]
+    """The expanded runs, one line each (a run of several jobs: a line per job under it), as
+    `validate` prints them."""
+    alone = sum(1 for run in spec.runs if run.alone)
+    points = (len(spec.runs) - alone) // spec.header.repetitions
+    lines = [f"{spec.name}: {len(spec.runs)} runs ({points} matrix points x {spec.header.repetitions} "
+             f"repetition(s)" + (f", and {alone} of a job alone, the references of their slowdowns)" if alone else ")")]
     if spec.baseline:
         lines.append("baseline: {}={}".format(*spec.baseline))
     width = max(len(run.run_id) for run in spec.runs)
     for run in spec.runs:
-        config = run.config
-        servers = ",".join(config.server_hosts) or "-"
-        lines.append(f"{run.index + 1:>3}  {run.run_id:<{width}}  {run.job.mode:<9} lb={run.controller.lb:<6} "
-                     f"sched={run.controller.sched} transport={run.job.transport} "
-                     f"workers={','.join(config.worker_hosts)} servers={servers} "
-                     f"iterations={run.job.iterations} seed={run.job.seed}")
+        if run.config.jobs:
+            lines.append(f"{run.index + 1:>3}  {run.run_id:<{width}}  {len(run.config.jobs)} jobs, "
+                         f"lb={run.controller.lb} sharing={run.controller.sharing}")
+        for name, job_run in zip(run.job_names, run.job_runs):
+            config = job_run.config
+            servers = ",".join(config.server_hosts) or "-"
+            head = (f"{'':>3}  {'  ' + name:<{width}}" if run.config.jobs
+                    else f"{run.index + 1:>3}  {run.run_id:<{width}}")
+            lines.append(f"{head}  {config.job.mode:<9} lb={run.controller.lb:<6} "
+                         f"sched={run.controller.sched} transport={config.job.transport} "
+                         f"workers={','.join(config.worker_hosts)} servers={servers} "
+                         f"iterations={config.job.iterations} seed={config.job.seed}")
     return "\n".join(lines)
 
 

@@ -20,6 +20,10 @@ METRIC_COLUMNS = [
     "compute_s", "comm_s", "tictac_efficiency", "straggler_s", *PHASE_DELIVERED_COLUMNS, "replica_divergence",
     "speedup_vs_baseline", "uplink_imbalance", "max_flows_per_uplink", *FIDELITY_COLUMNS,
 ]
+# A run of several jobs has a row per job (`job` its name; "" in a run of one job), and these
+# columns (experiments/multijob.py): the job's iteration time alone and its slowdown beside the
+# others, its completion time from its arrival and its workers' compute over their wall time.
+JOB_COLUMNS = ["alone_iter_time_s", "slowdown_vs_alone", "jct_s", "compute_util"]
 # Columns that echo a config field. An axis may share one of these names only when it is the
 # scalar axis over that very field (the column then shows the axis value).
 CONFIG_COLUMNS = {
@@ -29,12 +33,12 @@ CONFIG_COLUMNS = {
 # The faults a run survived (its record's) and the data its metrics lack.
 RECORD_COLUMNS = ["faults", "data_gaps"]
 # Names no matrix axis may take.
-RESERVED_COLUMNS = {"run_id", "rep", "workers", *RECORD_COLUMNS, *METRIC_COLUMNS}
+RESERVED_COLUMNS = {"run_id", "job", "rep", "workers", *RECORD_COLUMNS, *METRIC_COLUMNS, *JOB_COLUMNS}
 
 
 def runs_columns(axes: list[str]) -> list[str]:
-    """runs.csv header: run_id, the axes (but those that are config columns), rep, config, metrics,
-    then the faults the run survived and the data its metrics lack."""
+    """runs.csv header: run_id, job, the axes (but those that are config columns), rep, config, metrics,
+    the job's among others, then the faults the run survived and the data its metrics lack."""
     axis_columns = [axis for axis in axes if axis not in CONFIG_COLUMNS]
     config_columns = ["mode", "lb", "sched", "transport", "loss_bound", "workers", "iterations"]
-    return ["run_id", *axis_columns, "rep", *config_columns, *METRIC_COLUMNS, *RECORD_COLUMNS]
+    return ["run_id", "job", *axis_columns, "rep", *config_columns, *METRIC_COLUMNS, *JOB_COLUMNS, *RECORD_COLUMNS]

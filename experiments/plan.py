@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 
-from experiments.runplan import RunPlan, fabric_key
+from experiments.runplan import RunPlan, data_flows, fabric_key
 from experiments.spec import layout_of
 from experiments.traffic import link_traffic
 from topologies.cluster import LOCAL, crossing_links, placement
@@ -43,7 +43,7 @@ def plan_text(name: str, plans: list[RunPlan]) -> str:
                      + (f" ({shown}{more})" if crossing else ""))
         crossing_keys = {link.names for link in crossing}
         lines.append("  run: bytes per iteration over crossing links (busiest link) -> Mbit/s at the bound")
-        run_width = max(len(plan.run.run_id) for plan in runs)
+        run_width = max(len(label(plan)) for plan in runs)
         for plan in runs:
             carried = link_traffic(plan.run, plan.layer_sizes)
             across = {link: sent for link, sent in carried.items() if link in crossing_keys}
@@ -53,6 +53,39 @@ def plan_text(name: str, plans: list[RunPlan]) -> str:
                 rates = f"{total * 8 / bound / 1e6:8.1f} Mbit/s ({busiest * 8 / bound / 1e6:.1f})"
             else:  # a job that sends nothing (one worker's all-reduce)
                 rates = f"{'-':>8} Mbit/s (-)"
-            lines.append(f"  {plan.run.run_id:<{run_width}}  {total / 1e6:8.2f} MB ({busiest / 1e6:.2f} MB)"
+            lines.append(f"  {label(plan):<{run_width}}  {total / 1e6:8.2f} MB ({busiest / 1e6:.2f} MB)"
                          f" -> {rates} in {bound * 1e3:.1f} ms")
+        for _, together in itertools.groupby(runs, lambda plan: plan.run.run_id):
+            lines += jobs_text(list(together))
     return "\n".join(lines)
+
+
+def label(plan: RunPlan) -> str:
+    return f"{plan.run.run_id} [{plan.name}]" if plan.name else plan.run.run_id
+
+
+def jobs_text(plans: list[RunPlan]) -> list[str]:
+    """For a run of several jobs: each job's hosts, its busiest link and the bytes one iteration puts
+    on it, and the links two jobs' traffic share (where they contend)."""
+    if len(plans) < 2:
+        return []
+    lines = [f"  {plans[0].run.run_id}: {len(plans)} jobs"]
+    users: dict[frozenset, list[str]] = {}
+    for plan in plans:
+        config = plan.run.config
+        carried = link_traffic(plan.run, plan.layer_sizes)
+        busiest = max(carried, key=carried.get, default=None)
+        where = "-" if busiest is None else f"{'-'.join(sorted(busiest))} {carried[busiest] / 1e6:.2f} MB"
+        servers = f" servers {','.join(config.server_hosts)}" if config.server_hosts else ""
+        flows = [flow.what for flow in data_flows(plan.run) if not flow.what.startswith("flow")]  # not background
+        lines.append(f"    {plan.name}: {config.job.mode} {config.job.model.name} {config.job.transport}, workers "
+                     f"{','.join(config.worker_hosts)}{servers}; start {plan.start_s:g} s; {len(flows)} flows "
+                     f"({', '.join(flows[:4])}{' ...' if len(flows) > 4 else ''}) over {len(carried)} links, "
+                     f"busiest {where}, {plan.bounds['link_bound_s'] * 1e3:.1f} ms at its rate")
+        for link in carried:
+            users.setdefault(link, []).append(plan.name)
+    shared = {link: names for link, names in users.items() if len(names) > 1}
+    shown = ", ".join(f"{'-'.join(sorted(link))} ({'+'.join(names)})"
+                      for link, names in sorted(shared.items(), key=lambda item: sorted(item[0])))
+    lines.append(f"    links shared by jobs: {len(shared)}" + (f": {shown}" if shared else ""))
+    return lines

@@ -205,7 +205,44 @@ def speedup(tables: dict[str, pd.DataFrame], path: Path) -> Path | None:
     return _save(figure, path)
 
 
+def job_iteration_time(tables: dict[str, pd.DataFrame], path: Path) -> Path | None:
+    """Each job's mean iteration time beside the others under each scheme, against its time alone
+    (the first bar of each job), error bars over repetitions; each bar labelled with its slowdown."""
+    runs = tables["runs"]
+    runs = runs[runs["job"].astype("string").fillna("") != ""].dropna(subset=["iter_time_mean_s"])
+    if runs.empty or not runs["slowdown_vs_alone"].notna().any():
+        return None
+    runs = runs.assign(setting=runs["scheme"].map(lambda scheme: "alone" if scheme.startswith("alone=") else scheme))
+    stats = runs.groupby(["job", "setting"], sort=False).agg(
+        mean=("iter_time_mean_s", "mean"), std=("iter_time_mean_s", "std"), slowdown=("slowdown_vs_alone", "mean"))
+    jobs = list(dict.fromkeys(runs["job"]))
+    settings = ["alone", *[setting for setting in dict.fromkeys(runs["setting"]) if setting != "alone"]]
+    colors = _colors(settings)
+    figure, ax = plt.subplots(figsize=(max(5.5, 1.6 * len(jobs) * len(settings) / 2), 4))
+    width = 0.8 / len(settings)
+    for index, setting in enumerate(settings):
+        shown = [(position, stats.loc[(job, setting)]) for position, job in enumerate(jobs)
+                 if (job, setting) in stats.index]
+        if not shown:
+            continue
+        x = np.array([position for position, _ in shown]) + (index - (len(settings) - 1) / 2) * width
+        bars = ax.bar(x, [row["mean"] for _, row in shown], width, yerr=[0 if pd.isna(row["std"]) else row["std"]
+                                                                         for _, row in shown],
+                      capsize=3, color=colors[setting], label=setting.split("=", 1)[-1])
+        if setting != "alone":
+            for bar, (_, row) in zip(bars, shown):
+                if pd.notna(row["slowdown"]):
+                    ax.annotate(f"{row['slowdown']:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                                ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(jobs)), jobs)
+    ax.set_ylabel("iteration time (s), labelled: slowdown vs alone")
+    ax.set_title("each job beside the others, against alone")
+    ax.legend(fontsize=7)
+    return _save(figure, path)
+
+
 PLOTS: dict[str, Callable[[dict[str, pd.DataFrame], Path], Path | None]] = {
+    "job_iteration_time": job_iteration_time,
     "speedup": speedup,
     "iteration_time": iteration_time,
     "accuracy": accuracy,

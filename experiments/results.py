@@ -40,11 +40,11 @@ import pandas as pd
 import yaml
 
 from controller import stats as controller_stats
-from experiments import fidelity, metrics
+from experiments import fidelity, metrics, multijob
 from experiments.sampler import CPU_COLUMNS, DRAIN_COLUMNS, QUEUE_COLUMNS, SOCKET_COLUMNS
-from experiments.columns import CONFIG_COLUMNS, runs_columns
+from experiments.columns import CONFIG_COLUMNS, JOB_COLUMNS, runs_columns
 from experiments.effects import EFFECT_COLUMNS, EFFECT_NUMERIC, effects
-from experiments.spec import Run, Spec, get_field, parse_spec, scheme_of
+from experiments.spec import Run, Spec, alone_runs, get_field, parse_spec, scheme_of
 from hostapps import records
 from common.files import atomic_open, write_text
 from common.sysctl import read_sysctl
@@ -199,17 +199,19 @@ def write_csv(frame: pd.DataFrame, path: str | Path) -> None:
 
 def write_run_record(out_dir: str | Path, run: Run, status: str, start_s: float, end_s: float,
                      error: str = "", faults: list[str] = (), bounds: dict[str, float] | None = None,
-                     placement: dict | None = None) -> Path:
+                     placement: dict | None = None, jobs: list[dict] | None = None) -> Path:
     """runs/<run_id>/run.json: the run (see Run.to_dict), epoch start/end, status, error, the
     faults it survived (or not): e.g. a controller restarted, the bounds its traffic puts on an
     iteration (experiments/traffic.py: comm_bound_s, link_bound_s, tail_comm_s), and where per-flow
-    ECMP placed its flows (emulation/placement.py: uplinks, max_flows_per_uplink)."""
+    ECMP placed its flows (emulation/placement.py: uplinks, max_flows_per_uplink); for a run of several
+    jobs, each one's name, id, tag, arrival and start (Unix seconds) and bounds."""
     if status not in RUN_STATUSES:
         raise ValueError(f"status: {status!r} is not allowed (one of {', '.join(RUN_STATUSES)})")
     path = run_dir(out_dir, run.run_id) / "run.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {**run.to_dict(), "start_s": start_s, "end_s": end_s, "status": status, "error": error,
-              "faults": list(faults), **(bounds or {}), **({"placement": placement} if placement else {})}
+              "faults": list(faults), **(bounds or {}), **({"placement": placement} if placement else {}),
+              **({"jobs": jobs} if jobs else {})}
     write_text(path, json.dumps(record, indent=2) + "\n")
     return path
 
@@ -354,10 +356,13 @@ PROCESS_FILES = ("iterations.csv", "tensors.csv", "summary.json")
 
 
 def _processes(run: Run) -> list[tuple[str, str, int]]:
-    """The run's host-app processes (host, role, rank): servers, then workers."""
-    config = run.config
-    processes = [(host, "server", rank) for rank, host in enumerate(config.server_hosts)]
-    return processes + [(host, "worker", rank) for rank, host in enumerate(config.worker_hosts)]
+    """The run's host-app processes (host, role, rank): each job's servers, then its workers."""
+    processes = []
+    for job_run in run.job_runs:
+        config = job_run.config
+        processes += [(host, "server", rank) for rank, host in enumerate(config.server_hosts)]
+        processes += [(host, "worker", rank) for rank, host in enumerate(config.worker_hosts)]
+    return processes
 
 
 def _regular_file(folder: Path, name: str) -> bool:
@@ -500,8 +505,9 @@ def read_run(out_dir: str | Path, run: Run) -> dict[str, Any]:
     processes = sorted((real_folder(process_dir(out_dir, run.run_id, host, role, rank)), host, role, rank)
                        for host, role, rank in _processes(run))  # in the order of their folders' names
     summaries = [_summary_row(folder / "summary.json", host, role, rank) for folder, host, role, rank in processes]
+    # the first job's workers in rank order: the first is the reference
     models = [_read_model(process_dir(out_dir, run.run_id, host, role, rank) / "model.npz")
-              for host, role, rank in _processes(run) if role == "worker"]  # in rank order: the first is the reference
+              for host, role, rank in _processes(run.job_runs[0]) if role == "worker"]
     return {
         "iterations": _concat([_read_csv(p / "iterations.csv", ITERATION_COLUMNS) for p, *_ in processes],
                               ITERATION_COLUMNS),
@@ -572,6 +578,18 @@ def _run_row(out: Path, run: Run, record: dict[str, Any], records: dict[str, pd.
     return row
 
 
+def job_record_of(record: dict[str, Any], name: str) -> dict[str, Any]:
+    """A run's record as one of its jobs sees it: the run's, with that job's bounds and arrival
+    (run.json's `jobs`); the run's own for a run of one job."""
+    for job in record.get("jobs") or []:
+        if isinstance(job, dict) and job.get("name") == name:
+            numbers = {key: value for key, value in job.items() if key in (
+                "comm_bound_s", "link_bound_s", "tail_comm_s", "arrival_s")
+                and isinstance(value, (int, float)) and not isinstance(value, bool)}
+            return {**record, **numbers}
+    return record
+
+
 def _max_flows_per_uplink(record: dict[str, Any]) -> float:
     """The most flows the run's placement put on one uplink (NaN: not measured, or a record of
     another shape)."""
@@ -602,36 +620,46 @@ def aggregate(out_dir: str | Path, say=lambda line: print(line, file=sys.stderr)
             continue
         if record is None:
             continue
-        try:
-            records = read_run(out, run)
-        except Damaged as error:
-            say(f"aggregate: {run.run_id}: its records cannot be read, left without metrics ({error})")
-            rows.append(_run_row(out, run, {**record, "status": "failed"}, {}, pd.DataFrame())
-                        | {"data_gaps": f"records unreadable: {error}"})
-            continue
-        try:
-            run_links = metrics.link_utilization(records["ports"], records["port_rates"], records["queues"],
-                                                 records["sockets"])
-            row = _run_row(out, run, record, records, run_links)
-            queue_totals = fidelity.run_deltas(records["queues"], ["switch", "port", "cs"],
-                                               ["sent_pkts", "dropped_pkts"])
-        except (ValueError, TypeError, KeyError, IndexError, ArithmeticError) as error:
-            # Records of the right shape with values no run writes (an empty key, say).
-            why = one_line(f"{type(error).__name__}: {error}")
-            say(f"aggregate: {run.run_id}: its records give no metrics, left without metrics ({why})")
-            rows.append(_run_row(out, run, {**record, "status": "failed"}, {}, pd.DataFrame())
-                        | {"data_gaps": f"metrics failed: {why}"})
-            continue
-        rows.append(row)
-        iterations.append(_with_run_id(records["iterations"], run.run_id))
-        tensors.append(_with_run_id(records["tensors"], run.run_id))
-        links.append(_with_run_id(run_links, run.run_id))
-        queues.append(_with_run_id(queue_totals[QUEUE_TOTAL_COLUMNS], run.run_id))
+        for number, (name, job_run) in enumerate(zip(run.job_names, run.job_runs)):
+            job_record = job_record_of(record, name)
+            try:
+                records = read_run(out, job_run)
+            except Damaged as error:
+                say(f"aggregate: {run.run_id}: its records cannot be read, left without metrics ({error})")
+                rows.append(_run_row(out, job_run, {**job_record, "status": "failed"}, {}, pd.DataFrame())
+                            | {"job": name, "data_gaps": f"records unreadable: {error}"})
+                continue
+            try:
+                run_links = metrics.link_utilization(records["ports"], records["port_rates"], records["queues"],
+                                                     records["sockets"])
+                row = _run_row(out, job_run, job_record, records, run_links) | {"job": name}
+                if job_record["status"] == "ok" and not row["data_gaps"]:
+                    row.update(multijob.job_row(records["iterations"], job_record.get("arrival_s")))
+                queue_totals = fidelity.run_deltas(records["queues"], ["switch", "port", "cs"],
+                                                   ["sent_pkts", "dropped_pkts"])
+            except (ValueError, TypeError, KeyError, IndexError, ArithmeticError) as error:
+                # Records of the right shape with values no run writes (an empty key, say).
+                why = one_line(f"{type(error).__name__}: {error}")
+                say(f"aggregate: {run.run_id}: its records give no metrics, left without metrics ({why})")
+                rows.append(_run_row(out, job_run, {**job_record, "status": "failed"}, {}, pd.DataFrame())
+                            | {"job": name, "data_gaps": f"metrics failed: {why}"})
+                continue
+            rows.append(row)
+            job_iterations = records["iterations"].assign(job=name) if name else records["iterations"]
+            iterations.append(_with_run_id(job_iterations, run.run_id))
+            tensors.append(_with_run_id(records["tensors"], run.run_id))
+            if number == 0:  # the fabric's records are the run's, whichever job they were read with
+                links.append(_with_run_id(run_links, run.run_id))
+                queues.append(_with_run_id(queue_totals[QUEUE_TOTAL_COLUMNS], run.run_id))
     runs = pd.DataFrame(rows, columns=runs_columns(axes))
     baseline_axis, baseline_label = spec.baseline or (None, None)
-    runs["speedup_vs_baseline"] = metrics.speedup_vs_baseline(runs, axes, baseline_axis, baseline_label)
+    # a job of several against the same job in the baseline's run
+    runs["speedup_vs_baseline"] = metrics.speedup_vs_baseline(runs, [*axes, "job"], baseline_axis, baseline_label)
+    runs = multijob.with_alone(runs, alone_runs(spec))
     write_csv(runs, out / "runs.csv")
-    write_csv(effects(runs, spec), out / "effects.csv")
+    if any(run.config.jobs for run in spec.runs):
+        write_csv(multijob.runs_table(runs, spec), out / "multijob.csv")
+    write_csv(multijob.effects_by_job(runs, spec, effects), out / "effects.csv")
     for name, frames, columns in (("iterations", iterations, ITERATION_COLUMNS),
                                   ("tensors", tensors, TENSOR_COLUMNS),
                                   ("links", links, metrics.LINK_COLUMNS),
@@ -642,7 +670,7 @@ def aggregate(out_dir: str | Path, say=lambda line: print(line, file=sys.stderr)
 
 # runs.csv's columns of numbers (the others are text, or the axes' labels).
 RUNS_NUMERIC = ["workers", *(column for column in metrics.METRIC_COLUMNS
-                             if column not in ("fidelity_ok", "fidelity_reason"))]
+                             if column not in ("fidelity_ok", "fidelity_reason")), *JOB_COLUMNS]
 
 
 def read_tables(out_dir: str | Path, say=lambda line: print(line, file=sys.stderr)) -> dict[str, pd.DataFrame]:

@@ -51,7 +51,7 @@ from common.files import write_text
 from common.schema import one_line
 from experiments.sampler import FabricSampler
 from experiments.runplan import (OPENFLOW_PORT, REST_PORT, RunPlan, data_flows, fabric_key, fabric_params,
-                                plan_run)
+                                job_tag, plan_jobs)
 from experiments.spec import Run, Spec
 from hostapps.config import process_arguments
 from emulation import cluster, placement
@@ -64,6 +64,9 @@ RUN_TIMEOUT_S = 600.0   # a job still running after this is killed and its run f
 POLL_S = 0.2
 CONTROLLER_CHECK_S = 1.0  # how often the runner checks that the controller is alive
 ITERATION_LINE = re.compile(r"^iteration \d+/\d+ (\d+\.\d+)$", re.M)  # the rank-0 worker's stdout
+# Several jobs start their first iterations together this long after they are launched (each then
+# at its start and offset): every host app has imported and connected by then (~1 s on 2 cores).
+JOBS_STARTUP_S = 4.0
 
 
 @dataclass
@@ -73,6 +76,7 @@ class JobProcess:
     popen: subprocess.Popen
     stdout: Path
     stderr: Path
+    tag: int = 0
 
 
 def run_experiment(spec: Spec, out_dir: Path, resume: bool, live_port: int | None = None) -> int:
@@ -153,9 +157,9 @@ def run_on_fabric(out: Path, runs: list[Run], progress: Progress) -> list[Run]:
             progress.fabric_up(fab, rates)
             for run in runs:
                 try:
-                    plan = plan_run(run)
-                    progress.start_run(run.run_id, run.job.iterations, plan.lower_bound_s)
-                    status = run_once(fab, out, plan, rates, stats_csv, progress)
+                    plans = plan_jobs(run)
+                    progress.start_run(run.run_id, run.job.iterations, plans[0].lower_bound_s)
+                    status = run_once(fab, out, plans, rates, stats_csv, progress, run)
                 except (FabricError, OSError):
                     recorded.append(run.run_id)  # failed with its reason; the fabric is given up
                     progress.end_run("failed", run.run_id)
@@ -293,12 +297,18 @@ class ControllerWatch:
                            f"{time.monotonic() - began:.1f} s")
 
 
-def run_once(fab: Fabric, out: Path, plan: RunPlan, rates: pd.DataFrame, stats_csv: Path,
-             progress: Progress) -> str:
-    """One run on a ready fabric: its records in runs/<run_id>/; returns its status. A controller
-    that dies is restarted (the run goes on, its record says so); FabricError when it cannot be.
-    Whatever else stops the job fails this run alone, with the records it has."""
-    run = plan.run
+def run_once(fab: Fabric, out: Path, plans: list[RunPlan], rates: pd.DataFrame, stats_csv: Path,
+             progress: Progress, run: Run | None = None) -> str:
+    """One run on a ready fabric, its jobs' plans (plan_jobs: one, or one per job of several; `run`
+    the run itself, default the first plan's): its records in runs/<run_id>/; returns its status. A
+    controller that dies is restarted (the run goes on, its record says so); FabricError when it
+    cannot be. Whatever else stops a job fails this run alone, with the records it has.
+
+    Several jobs: each registered, then each launched with a tag of its own and told when to start
+    its first iteration, together after JOBS_STARTUP_S, each at its start_s and the offset the
+    controller's sharing policy gave it."""
+    run = run or plans[0].run
+    several = len(plans) > 1
     path = run_dir(out, run.run_id)
     if path.exists():
         if path.is_symlink():  # never followed: a link in a results folder is not ours to empty
@@ -311,17 +321,31 @@ def run_once(fab: Fabric, out: Path, plan: RunPlan, rates: pd.DataFrame, stats_c
     processes: list[JobProcess] = []
     start_s = time.time()
     watch = ControllerWatch(fab, start_s)
-    tag = secrets.randbits(31)  # in every host-app frame: a stray datagram of another run is not ours
+    base = secrets.randbits(27)  # in every host-app frame: a stray datagram of another run or job is not ours
     error = ""
     placed: dict = {}
+    jobs: list[dict] = []
     try:
         try:
-            placed = measured_placement(fab, plan)
+            placed = measured_placement(fab, plans)
             schedule = Schedule(disturbances_of(fab, run.config, path))
             with FabricSampler(path, switch_ports(fab)) as sampler:
                 progress.sampling(sampler)
-                layer_dscp = register_job(fab, plan, watch.jobs)
-                processes = launch_job(fab, out, plan, layer_dscp, tag)
+                registered = [register_job(fab, plan, watch.jobs) for plan in plans]
+                shared = shared_jobs(fab) if several and watch.jobs else {}
+                jobs_start = time.time() + JOBS_STARTUP_S if several else 0.0
+                for plan, layer_dscp in zip(plans, registered):
+                    decided = shared.get(plan.job_id, {})
+                    if decided:
+                        layer_dscp = {layer["index"]: layer["dscp"] for layer in decided["layers"]}
+                    offset_s = decided.get("start_offset_ms", 0.0) / 1000
+                    start_at = jobs_start + plan.start_s + offset_s if several else 0.0
+                    tag = job_tag(base, plan.number)
+                    processes += launch_job(fab, out, plan, layer_dscp, tag, start_at)
+                    jobs.append({"name": plan.name, "job_id": plan.job_id, "tag": tag,
+                                 "arrival_s": jobs_start + plan.start_s, "start_at_s": start_at,
+                                 "start_offset_s": offset_s, "band": decided.get("band"),
+                                 "intensity": decided.get("intensity"), **plan.bounds})
                 schedule.start()
                 error = wait_job(processes, progress, watch.check)
         except (FabricError, OSError):
@@ -332,13 +356,13 @@ def run_once(fab: Fabric, out: Path, plan: RunPlan, rates: pd.DataFrame, stats_c
             schedule.stop()
             for process in processes:
                 kill_group(process.popen)
-                cluster.kill_remote(fab.host(process.host), rf"--tag {tag}( |$)")
+                cluster.kill_remote(fab.host(process.host), rf"--tag {process.tag}( |$)")
         watch.check(now=math.inf)  # the run's end: is the controller still there?
-        if watch.jobs:
-            unregister_job(fab, plan.job_id)
+        for document in watch.jobs:
+            unregister_job(fab, document["job"])
     except (FabricError, OSError) as failure:
         write_run_record(out, run, "failed", start_s, time.time(), error=f"fabric: {failure}",
-                         faults=watch.faults)
+                         faults=watch.faults, jobs=jobs if several else None)
         raise
     end_s = time.time()
     problems = fab.controller_problems()[known_problems:]
@@ -351,19 +375,26 @@ def run_once(fab: Fabric, out: Path, plan: RunPlan, rates: pd.DataFrame, stats_c
     write_csv(rates, path / "port_rates.csv")
     write_port_slice(stats_csv, path / "ports.csv", start_s, end_s, run.controller.stats_interval_s)
     status = "failed" if error else "ok"
-    write_run_record(out, run, status, start_s, end_s, error=error, faults=watch.faults, bounds=plan.bounds,
-                     placement=placed)
+    write_run_record(out, run, status, start_s, end_s, error=error, faults=watch.faults,
+                     bounds=None if several else plans[0].bounds, placement=placed, jobs=jobs if several else None)
     return status
+
+
+def shared_jobs(fab: Fabric) -> dict[str, dict]:
+    """The registered jobs as the controller shares the fabric among them (GET /jobs): each one's
+    DSCP per layer in its band, and its start offset."""
+    return {job["job"]: job for job in fab.rest("/jobs", "GET")}
 
 
 _placements: dict[tuple, dict] = {}  # (fabric id, flows) -> placement: one fabric places a 5-tuple alike
 
 
-def measured_placement(fab: Fabric, plan: RunPlan) -> dict:
-    """Where per-flow ECMP puts the run's flows (emulation/placement.py), probed before the job
-    starts, once per fabric for the same flows (every TCP scheme of a repetition has the same); {}
-    on a cluster (the probes read this machine's switches only) or with no flow to place."""
-    flows = tuple(data_flows(plan.run))
+def measured_placement(fab: Fabric, plans: list[RunPlan]) -> dict:
+    """Where per-flow ECMP puts the run's flows (emulation/placement.py; every job's, and the
+    background's once), probed before the jobs start, once per fabric for the same flows (every TCP
+    scheme of a repetition has the same); {} on a cluster (the probes read this machine's switches
+    only) or with no flow to place."""
+    flows = tuple(dict.fromkeys(flow for plan in plans for flow in data_flows(plan.run)))
     if not flows or fab.servers:
         return {}
     key = (fab.id, flows)
@@ -399,9 +430,9 @@ def unregister_job(fab: Fabric, job_id: str) -> None:
 
 
 def launch_job(fab: Fabric, out: Path, plan: RunPlan, layer_dscp: dict[int, int],
-               tag: int) -> list[JobProcess]:
+               tag: int, start_at: float = 0.0) -> list[JobProcess]:
     """The job's host apps, in the plan's order: parameter-server shards first so the workers find
-    them listening."""
+    them listening; start_at: when its workers start their first iteration (0: once connected)."""
     # mlt senders mark each tensor's datagrams with its class themselves (TCP's are marked by the controller)
     dscp = layer_dscp if plan.run.job.transport == "mlt" else {}
     processes = []
@@ -411,10 +442,10 @@ def launch_job(fab: Fabric, out: Path, plan: RunPlan, layer_dscp: dict[int, int]
         cluster.make_dir(fab.host(host), str(directory))
         stdout, stderr = directory / "stdout.log", directory / "stderr.log"
         with open(stdout, "w") as out_file, open(stderr, "w") as err_file:
-            cfg = dataclasses.replace(config, out=str(directory), tag=tag, layer_dscp=dscp)
+            cfg = dataclasses.replace(config, out=str(directory), tag=tag, layer_dscp=dscp, start_at=start_at)
             argv = [sys.executable, "-m", "hostapps", role, *process_arguments(cfg)]
             popen = fab.popen(host, argv, cwd=REPO, stdout=out_file, stderr=err_file)
-        processes.append(JobProcess(directory.name, host, popen, stdout, stderr))
+        processes.append(JobProcess(directory.name, host, popen, stdout, stderr, tag))
     return processes
 
 

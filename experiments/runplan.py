@@ -33,6 +33,7 @@ WORKER_PORT = 7000
 SERVER_PORT = 7100
 IPERF_PORT = 5201  # background flow i's iperf3 servers listen on IPERF_PORT + FLOW_PORTS*i + source index
 PEER_TIMEOUT_S = 30.0   # host apps fail when a peer stays silent this long
+JOB_TAG_BITS = 4        # a run's jobs (at most 16) are numbered in the low bits of their tag
 # The controller the runner starts with each fabric listens on 127.0.0.1 (OpenFlow, REST).
 OPENFLOW_PORT = 6653
 REST_PORT = 8080
@@ -54,6 +55,8 @@ class Process(NamedTuple):
 
 @dataclass(frozen=True)
 class RunPlan:
+    """One job's plan: a run of one job, or one job of a run of several (its `run` is the job's run as
+    if alone, Run.job_runs, under the run's id and index)."""
     run: Run
     job_id: str                      # the job's id at the controller
     processes: list[Process]         # parameter-server shards first, then the workers, by rank
@@ -61,6 +64,9 @@ class RunPlan:
     document: dict[str, Any] | None  # the job document registered with the controller; None: not registered
     lower_bound_s: float             # experiments/traffic.py's analytical bound on an iteration's communication
     bounds: dict[str, float]         # experiments/traffic.py's: comm_bound_s, link_bound_s, tail_comm_s
+    name: str = ""                   # the job's name in a run of several ("" in a run of one job)
+    number: int = 0                  # its index among the run's jobs: the low bits of its frames' tag
+    start_s: float = 0.0             # when its first iteration starts after the run's jobs start
 
     @property
     def layer_sizes(self) -> list[int]:
@@ -191,14 +197,17 @@ def _layer_table(model: Model, backward: str, link_mbps: float, mode: str, serve
 
 
 def registers_job(run: Run) -> bool:
-    """Whether the runner registers the job with the controller: for a class policy, or for the LE -> CS1
-    rule of a fifo job that marks droppable datagrams."""
-    return run.controller.sched != "fifo" or run.job.drop_marking
+    """Whether the runner registers the job with the controller: for a class policy, for the LE -> CS1
+    rule of a fifo job that marks droppable datagrams, or for a sharing policy other than fair (its
+    classes and start offsets are the controller's)."""
+    return run.controller.sched != "fifo" or run.job.drop_marking or run.controller.sharing != "fair"
 
 
 def job_document(run: Run, job_id: str, ip: dict[str, str], layers: list[dict] | None = None) -> dict:
     """The job as `POST /jobs` takes it (controller/scheduling.py): its policy, hosts, layer table
-    and, with TCP, its connections each way between every two of its processes."""
+    and, with TCP, its connections each way between every two of its processes; its sharing policy
+    and the time one iteration's traffic needs on its busiest link (experiments/traffic.py), what
+    the intensity and time-shift policies rank and place it by."""
     config = run.config
     proto = "udp" if run.job.transport == "mlt" else "tcp"
     ports = {host: WORKER_PORT for host in config.worker_hosts}
@@ -209,8 +218,10 @@ def job_document(run: Run, job_id: str, ip: dict[str, str], layers: list[dict] |
             if src != dst:  # to the peer's listening port, and the answers from it
                 flows.append({"src": ip[src], "dst": ip[dst], "proto": proto, "dport": port})
                 flows.append({"src": ip[dst], "dst": ip[src], "proto": proto, "sport": port})
+    layers = layer_table(run) if layers is None else layers
+    comm_ms = traffic.link_bound_s(run, [layer["bytes"] for layer in layers]) * 1000
     return {"job": job_id, "policy": run.controller.sched, "hosts": [ip[h] for h in ports],
-            "layers": layer_table(run) if layers is None else layers, "flows": flows}
+            "layers": layers, "flows": flows, "sharing": run.controller.sharing, "comm_ms": round(comm_ms, 3)}
 
 
 def traffic_bounds(run: Run, sizes: list[int]) -> dict[str, float]:
@@ -219,9 +230,33 @@ def traffic_bounds(run: Run, sizes: list[int]) -> dict[str, float]:
             "tail_comm_s": traffic.tail_comm_s(run, sizes)}
 
 
-def plan_run(run: Run) -> RunPlan:
-    """What the run will do; a SpecError naming the field when the host apps or the controller would
-    refuse it."""
+def job_tag(base: int, number: int) -> int:
+    """The tag in the frames of job `number` of a run whose jobs draw `base` (31 bits in all): the
+    jobs of a run never share one, so the host apps of one never take another's datagrams."""
+    return (base << JOB_TAG_BITS | number) & 0x7FFF_FFFF
+
+
+def plan_jobs(run: Run) -> list[RunPlan]:
+    """Every job's plan of a run: one for a run of one job, else one per job, each planned as if it
+    were alone (Run.job_runs) under its id `run<index>.<name>`, its number and its start; a
+    SpecError names the job's field as `jobs.<index>.<field>`."""
+    if not run.config.jobs:
+        return [plan_run(run)]
+    plans = []
+    for number, (name, job_run) in enumerate(zip(run.job_names, run.job_runs)):
+        try:
+            plan = plan_run(job_run, f"run{run.index}.{name}")
+        except SpecError as error:
+            if error.path != "job" and not error.path.startswith("job."):
+                raise
+            raise SpecError(f"jobs.{number}{error.path[3:]}", error.problem) from None
+        plans.append(dataclasses.replace(plan, name=name, number=number, start_s=run.config.jobs[number].start_s))
+    return plans
+
+
+def plan_run(run: Run, job_id: str | None = None) -> RunPlan:
+    """What the run of one job will do; a SpecError naming the field when the host apps or the
+    controller would refuse it. job_id: the job's id at the controller (run<index>)."""
     try:
         planned = processes(run)
         for process in planned:
@@ -236,7 +271,7 @@ def plan_run(run: Run) -> RunPlan:
         known = {field.name for field in dataclasses.fields(Job)}
         field = FLAG_FIELDS.get(flag, f"job.{flag}" if flag in known else "job")
         raise SpecError(field, f"{error.problem} (the host apps would refuse {error.path or 'the job'})") from None
-    job_id = f"run{run.index}"
+    job_id = job_id or f"run{run.index}"
     document = job_document(run, job_id, host_ips(run), layers) if registers_job(run) else None
     if document is not None:
         try:
@@ -299,13 +334,14 @@ def check_live_port(port: int | None, field: str = "live") -> None:
 
 
 def dry_run(spec: Spec) -> list[RunPlan]:
-    """Every run's plan, as the runner will compute it; a SpecError (one line naming the field, and
-    the run when the spec has a matrix) for anything the runner would fail on before its first fabric."""
+    """Every run's plans (each job's, plan_jobs), as the runner will compute them; a SpecError (one
+    line naming the field, and the run when the spec has a matrix) for anything the runner would
+    fail on before its first fabric."""
     check_live_port(spec.header.live)
     plans = []
     for run in spec.runs:
         try:
-            plans.append(plan_run(run))
+            plans.extend(plan_jobs(run))
         except SpecError as error:
             if not spec.axes:
                 raise

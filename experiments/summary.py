@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments import metrics
+from experiments import metrics, multijob
 from experiments.fidelity import (APP_LAG_P99_MS_LIMIT, CPU_LIMIT, LINK_RATE_MIN,
                                   OUTSIDE_DROPS_LIMIT, VSWITCHD_THREAD_LIMIT)
 from experiments.effects import describe, placement_share
@@ -211,8 +211,10 @@ def render(out_dir: str | Path) -> str:
         if isinstance(run.data_gaps, str) and run.data_gaps:
             notes.append(f"- {run.run_id}: metrics left empty: {run.data_gaps}")
     lines += _placement(runs)
-    if notes:
-        lines += ["## Notes", "", *notes, ""]
+    if (Path(out_dir) / "multijob.csv").exists():
+        lines += multijob.summary_lines(pd.read_csv(Path(out_dir) / "multijob.csv"), runs)
+    if notes:  # a run of several jobs has a row per job, its notes once
+        lines += ["## Notes", "", *dict.fromkeys(notes), ""]
     return "\n".join(lines + _fabrics(Path(out_dir)))
 
 

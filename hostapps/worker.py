@@ -248,6 +248,8 @@ def run_worker(cfg: ProcessConfig, on_iteration: Callable[[int], None] | None = 
     sync = (AllReduceSync if cfg.mode == "allreduce" else InferencePull if inference else PushPullSync)(
         cfg, transport, model, recorder)
     accuracy = None
+    if cfg.start_at:  # connected to its peers, the job starts at its offset (its peers wait alike)
+        time.sleep(max(0.0, cfg.start_at - time.time()))
     try:
         for it in range(cfg.iterations):
             start = time.time()

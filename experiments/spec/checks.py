@@ -8,6 +8,7 @@ from experiments.spec.errors import SpecError, not_allowed
 from experiments.spec.schema import Fault, RunConfig
 from experiments.spec.topology import check_topology, layout_of, topology_links
 from common.schema import show
+from controller.sharing import MAX_JOBS
 from hostapps.allreduce import allreduce_names
 from hostapps.config import check_training
 from hostapps.traces import TraceError, read_trace
@@ -19,6 +20,47 @@ def check_config(config: RunConfig, runs: bool = True) -> None:
     """The rules that span fields: the fabric fits, hosts exist, placements fit, faults name real links,
     no knob is set that changes nothing. runs=False: the base of a spec whose matrix completes it,
     checked but for knobs that change nothing (the matrix may set what makes them count)."""
+    if config.jobs:
+        check_jobs(config, runs)
+    else:
+        check_one_job(config, runs)
+
+
+def check_jobs(config: RunConfig, runs: bool) -> None:
+    """Several jobs: each names its hosts, no host is two jobs', names differ, and each job passes
+    every rule of a job alone, named as `jobs.<index>.<field>`."""
+    if len(config.jobs) > MAX_JOBS:
+        raise SpecError("jobs", f"{len(config.jobs)} jobs are not allowed (at most {MAX_JOBS}: the controller "
+                        f"holds {MAX_JOBS} jobs)")
+    owner: dict[str, int] = {}
+    names: dict[str, int] = {}
+    for index, entry in enumerate(config.jobs):
+        path = f"jobs.{index}"
+        if entry.name in names:
+            raise not_allowed(f"{path}.name", entry.name, f"a name apart from jobs.{names[entry.name]}'s")
+        names[entry.name] = index
+        fields = ["workers"] + (["servers"] if entry.mode == "ps" else [])
+        for name in fields:
+            value = getattr(entry, name)
+            if not isinstance(value, list):
+                raise not_allowed(f"{path}.{name}", value, "a list of distinct host names: each of several jobs "
+                                  "names its own hosts")
+            for at, host in enumerate(value):
+                if host in owner:
+                    raise SpecError(f"{path}.{name}.{at}", f"{host} is also jobs.{owner[host]}'s (each host runs one "
+                                    "job's process)")
+                owner[host] = index
+    for index, view in enumerate(config.job_configs):
+        try:
+            check_one_job(view, runs)
+        except SpecError as error:
+            if error.path != "job" and not error.path.startswith("job."):
+                raise
+            raise SpecError(f"jobs.{index}{error.path[3:]}", error.problem.replace("job.", f"jobs.{index}.")) from None
+
+
+def check_one_job(config: RunConfig, runs: bool = True) -> None:
+    """check_config of a run of one job (or of one job of several, as if alone)."""
     check_topology(config.topology)
     hosts = config.hosts
     job = config.job

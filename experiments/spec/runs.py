@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ class Run:
     rep: int             # 1-based repetition
     axes: dict[str, str]  # axis name -> value label, in axis order
     config: RunConfig    # fully resolved: base spec + --set + this point's overrides
+    alone: str = ""      # a job of several run alone, the reference of its slowdown: its name
 
     @property
     def topology(self) -> Topology:
@@ -41,13 +43,42 @@ class Run:
     def job(self) -> Job:
         return self.config.job
 
+    @property
+    def job_runs(self) -> list[Run]:
+        """Each job's run as if alone (RunConfig.job_configs): [self] for a run of one job."""
+        if not self.config.jobs:
+            return [self]
+        return [dataclasses.replace(self, config=view) for view in self.config.job_configs]
+
+    @property
+    def job_names(self) -> list[str]:
+        """The names of the run's jobs; [""] for a spec of one job."""
+        return [self.alone] if self.alone else self.config.job_names
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: run_id, index, rep, axes, config, and the resolved host placement."""
         return {
             "run_id": self.run_id, "index": self.index, "rep": self.rep, "axes": dict(self.axes),
-            "config": dataclasses.asdict(self.config),
+            "config": dataclasses.asdict(self.config), "alone": self.alone,
             "worker_hosts": self.config.worker_hosts, "server_hosts": self.config.server_hosts,
         }
+
+
+ALONE = "alone"  # the axes' label of a job run alone
+
+
+def alone_run_id(name: str, rep: int) -> str:
+    return f"{ALONE}={name},rep={rep}"
+
+
+def alone_config(config: RunConfig) -> RunConfig:
+    """A job's alone run: its config as a run of one job, whatever the sharing."""
+    return dataclasses.replace(config, controller=dataclasses.replace(config.controller, sharing="fair"))
+
+
+def alone_key(config: RunConfig) -> str:
+    """What tells alone runs apart (RunConfig holds lists: no hash)."""
+    return json.dumps(dataclasses.asdict(alone_config(config)), sort_keys=True, default=str)
 
 
 @dataclass(frozen=True)
@@ -76,9 +107,12 @@ class Spec:
 
     def resolved_document(self) -> dict[str, Any]:
         """The spec with every default filled in; parse_spec of it gives the same runs."""
+        config = dataclasses.asdict(self.base)
+        if self.base.jobs:
+            del config["job"]  # the first of jobs
         return {
             "name": self.header.name, "description": self.header.description,
-            **dataclasses.asdict(self.base),
+            **config,
             "repetitions": self.header.repetitions, "matrix": copy.deepcopy(self.header.matrix),
             "include": copy.deepcopy(self.header.include), "exclude": copy.deepcopy(self.header.exclude),
             "confidence": self.header.confidence,
@@ -100,6 +134,8 @@ def _resolve(document: dict, base: RunConfig | None = None, sections: set[str] =
     """The checked RunConfig of a document; with base, only its sections named in `sections` are
     built (the others are base's, built from the same values). runs: it is run as it is (not the
     base of a matrix)."""
+    if document.get("jobs") and "job" in document:
+        raise not_allowed("job", document["job"], "left out with jobs: each job of jobs has its own fields")
     config_document = {key: value for key, value in document.items()
                        if key not in HEADER_KEYS and (base is None or key in sections)}
     config = build(RunConfig, config_document, also_known=HEADER_KEYS, base=base)
@@ -158,15 +194,43 @@ def parse_spec(document: Any, sets: list[str] = ()) -> Spec:
     # and are equal across schemes, making repetitions paired comparisons.
     runs = []
     for point, config in resolved:
-        if config.job.seed + header.repetitions - 1 > U32:
-            raise not_allowed("job.seed", config.job.seed, f"at most {U32 + 1 - header.repetitions} with "
-                              f"{header.repetitions} repetitions: seeds grow by one per repetition up to "
-                              "2**32 - 1")
+        for entry in config.jobs or [config.job]:
+            if entry.seed + header.repetitions - 1 > U32:
+                field = f"jobs.{config.jobs.index(entry)}.seed" if config.jobs else "job.seed"
+                raise not_allowed(field, entry.seed, f"at most {U32 + 1 - header.repetitions} with "
+                                  f"{header.repetitions} repetitions: seeds grow by one per repetition up to "
+                                  "2**32 - 1")
     for rep in range(1, header.repetitions + 1):
-        for point, config in resolved:
-            job = dataclasses.replace(config.job, seed=config.job.seed + rep - 1)
-            runs.append(Run(run_id(point, rep), len(runs), rep, point, dataclasses.replace(config, job=job)))
+        repeated = [(point, _with_rep_seeds(config, rep)) for point, config in resolved]
+        # each job of several alone first, once per distinct config: the reference of its slowdown
+        alone: dict[str, str] = {}
+        for _, config in repeated:
+            for name, view in zip(config.job_names, config.job_configs if config.jobs else []):
+                key = alone_key(view)
+                if key not in alone:
+                    label = name if name not in alone.values() else f"{name}.{len(alone)}"
+                    alone[key] = label
+                    runs.append(Run(alone_run_id(label, rep), len(runs), rep, {axis.name: ALONE for axis in axes},
+                                    alone_config(view), alone=name))
+        for point, config in repeated:
+            runs.append(Run(run_id(point, rep), len(runs), rep, point, config))
     return Spec(header, base, axes, runs, references)
+
+
+def _with_rep_seeds(config: RunConfig, rep: int) -> RunConfig:
+    """The config of repetition rep: every job's seed grown by rep - 1."""
+    if config.jobs:
+        return dataclasses.replace(config, jobs=[dataclasses.replace(entry, seed=entry.seed + rep - 1)
+                                                 for entry in config.jobs])
+    return dataclasses.replace(config, job=dataclasses.replace(config.job, seed=config.job.seed + rep - 1))
+
+
+def alone_runs(spec: Spec) -> dict[tuple[str, str], str]:
+    """(run_id, job name) -> the run_id of that job alone, for every job of a run of several."""
+    alone = {(run.rep, alone_key(run.config)): run.run_id for run in spec.runs if run.alone}
+    return {(run.run_id, name): alone[(run.rep, alone_key(view))]
+            for run in spec.runs if run.config.jobs
+            for name, view in zip(run.config.job_names, run.config.job_configs)}
 
 
 def _references(axes: list[Axis], resolved: list[tuple[dict[str, str], RunConfig]]

@@ -16,6 +16,7 @@ from common.schema import knob, section
 from controller.options import ControllerOptions
 from controller.routing import LB_MODES
 from controller.scheduling import CLASS_POLICIES
+from controller.sharing import MAX_JOBS, SHARING_POLICIES
 from experiments.spec.topology import host_names
 from hostapps.config import Training
 from topologies.cluster import LOCAL, PLACERS
@@ -39,6 +40,11 @@ DURATION_SECONDS = f"seconds, > 0 and at most {MAX_SECONDS}"
 # (experiments/disturbances.py), below the job's ports 7000 and 7100 (experiments/runner.py).
 FLOW_PORTS = 10
 MAX_FLOWS = 100
+# A job of several starts within this of the run's start: a process waiting for its start keeps its
+# peers silent, and they give up after experiments/runplan.py's PEER_TIMEOUT_S (30 s); the runner's
+# start-up (4 s) and a sharing offset (under a period) come on top.
+MAX_START_S = 15.0
+JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")  # a part of the controller's job id
 
 
 def _unique_names(value: Any) -> bool:
@@ -75,6 +81,7 @@ class Topology:
 class Controller:
     lb: str = knob(ControllerOptions.lb, choices=lambda: LB_MODES)
     sched: str = knob("fifo", choices=lambda: list(CLASS_POLICIES))
+    sharing: str = knob("fair", choices=lambda: list(SHARING_POLICIES))
     stats_interval_s: float = knob(
         ControllerOptions.stats_interval,
         "a period in seconds, 0.1..60: a run waits up to two periods for its last port statistics",
@@ -100,6 +107,15 @@ class Job(Training):
         lambda v: v == "all" or _count_or_hosts(v))
     servers: int | list[str] = knob(1, "a count >= 1 or a list of distinct host names (ps only)", _count_or_hosts)
     target_accuracy: float = knob(0.9, "a fraction in (0, 1]", lambda x: 0 < x <= 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobEntry(Job):
+    """One job of several sharing the fabric (`jobs:`): a job with a name and its start."""
+    name: str = knob("", "a name of 1..32 letters, digits, _ and -, the first a letter or digit (default "
+                     "job<index>)", lambda v: v == "" or JOB_NAME.fullmatch(v) is not None)
+    start_s: float = knob(0.0, f"seconds 0..{MAX_START_S:g} after the run's jobs start, when this job's first "
+                          "iteration starts", lambda x: 0 <= x <= MAX_START_S)
 
 
 @dataclass(frozen=True)
@@ -138,10 +154,32 @@ class RunConfig:
     controller: Controller = section(Controller)
     cluster: Cluster = section(Cluster)
     job: Job = section(Job)
+    jobs: list[JobEntry] = knob(
+        [], f"[] for the one job of `job`, or a list of 2..{MAX_JOBS} jobs (the controller holds {MAX_JOBS}), each "
+        "on hosts of its own", lambda jobs: jobs == [] or len(jobs) >= 2)
     background: list[Flow] = knob(
         [], f"a list of at most {MAX_FLOWS} flows: their iperf3 ports stay below the job's",
         lambda flows: len(flows) <= MAX_FLOWS)
     faults: list[Fault] = knob([], "a list of faults")
+
+    def __post_init__(self) -> None:
+        if self.jobs:  # `job` is the first of them: what is said of the run's job is said of it
+            named = [dataclasses.replace(entry, name=entry.name or f"job{index}")
+                     for index, entry in enumerate(self.jobs)]
+            object.__setattr__(self, "jobs", named)
+            object.__setattr__(self, "job", named[0])
+
+    @property
+    def job_configs(self) -> list[RunConfig]:
+        """Each job's run as if it were alone: the config with that job as `job` (and no `jobs`);
+        [self] for a run of one job."""
+        if not self.jobs:
+            return [self]
+        return [dataclasses.replace(self, job=entry, jobs=[]) for entry in self.jobs]
+
+    @property
+    def job_names(self) -> list[str]:
+        return [entry.name for entry in self.jobs] or [""]
 
     @property
     def hosts(self) -> list[str]:

@@ -48,11 +48,11 @@ def test_a_run_that_fails_at_run_time_fails_alone(monkeypatch, tmp_path):
     monkeypatch.setattr(runner, "fabric_memory", lambda run_dirs: {})
     ran = []
 
-    def run_once(fab, out, plan, rates, stats_csv, progress):
-        ran.append(plan.run.run_id)
+    def run_once(fab, out, plans, rates, stats_csv, progress, run):
+        ran.append(run.run_id)
         if len(ran) == 1:
             raise ConfigError("--servers", "2 shards but the model has only 1 tensors")
-        runner.write_run_record(out, plan.run, "ok", 0.0, 1.0)
+        runner.write_run_record(out, run, "ok", 0.0, 1.0)
         return "ok"
 
     monkeypatch.setattr(runner, "run_once", run_once)
@@ -78,3 +78,89 @@ def test_a_resumed_fabric_keeps_the_earlier_attempts_record(tmp_path):
     kept = sorted(path.name for path in (tmp_path / "fabrics").iterdir())
     assert kept == [f"{run.run_id}.attempt1", f"{run.run_id}.attempt2"]
     assert (tmp_path / "fabrics" / f"{run.run_id}.attempt2" / "fabric.json").read_text() == "attempt 2"
+
+
+class RestFabric:
+    """A fabric whose controller is the real decision code (POST, GET and DELETE /jobs over
+    controller/pipeline.py's WantedMarks) and whose hosts run a stand-in for the host apps, which
+    prints its iterations and exits; the command lines are kept."""
+
+    id, servers = "fake", ["elsewhere"]  # a cluster: the placement is not probed
+
+    def __init__(self):
+        from controller.pipeline import WantedMarks
+        self.wanted, self.calls, self.argv = WantedMarks(), [], {}
+
+    def rest(self, path, method="GET", body=None, timeout=5.0):
+        from controller.scheduling import describe_job, parse_job, sharing_of
+        self.calls.append((method, path))
+        if method == "POST":
+            job = parse_job(body)
+            self.wanted.register(job)
+            return describe_job(job, sharing_of(list(self.wanted.jobs.values())))
+        if method == "DELETE":
+            self.wanted.remove(path.removeprefix("/jobs/"))
+            return []
+        shared = sharing_of(list(self.wanted.jobs.values()))
+        return [describe_job(job, shared) for job in self.wanted.jobs.values()]
+
+    def host(self, name):
+        return name
+
+    def popen(self, host, argv, cwd, stdout, stderr):
+        import subprocess
+        import sys
+        self.argv[host] = argv
+        return subprocess.Popen([sys.executable, "-c", "print('iteration 1/1 1.000')"], stdout=stdout, stderr=stderr,
+                                start_new_session=True)
+
+    def controller_problems(self):
+        return []
+
+    def check(self):
+        return ""
+
+    def controller_down(self):
+        return ""
+
+
+def test_a_run_of_several_jobs_registers_tags_and_starts_each_at_its_offset(monkeypatch, tmp_path):
+    import contextlib
+    import json
+
+    import pandas as pd
+
+    from experiments import runner
+    from experiments.progress import Progress
+    from experiments.runplan import plan_jobs
+    from experiments.spec import parse_spec
+    from hostapps.config import config_from_args
+    spec = parse_spec({
+        "topology": {"spines": 2, "leaves": 2, "hosts_per_leaf": 2},
+        "controller": {"sharing": "timeshift"},
+        "jobs": [{"name": "a", "workers": ["h1", "h3"], "iterations": 3, "model": {"name": "resnet50"}},
+                 {"name": "b", "workers": ["h2", "h4"], "iterations": 3, "transport": "mlt", "start_s": 2,
+                  "model": {"name": "resnet50"}}]})
+    run = spec.runs[-1]
+    monkeypatch.setattr(runner, "FabricSampler", lambda path, ports: contextlib.nullcontext())
+    monkeypatch.setattr(runner, "switch_ports", lambda fab: {})
+    fab = RestFabric()
+    with Progress(1, disable=True) as progress:
+        progress.start_run(run.run_id, 3)
+        status = runner.run_once(fab, tmp_path, plan_jobs(run), pd.DataFrame(), tmp_path / "ports.csv", progress, run)
+    assert status == "ok"
+    record = json.loads((tmp_path / "runs" / run.run_id / "run.json").read_text())
+    jobs = {job["name"]: job for job in record["jobs"]}
+    assert [call for call in fab.calls if call[0] != "GET"] == [
+        ("POST", "/jobs"), ("POST", "/jobs"), ("DELETE", "/jobs/run2.a"), ("DELETE", "/jobs/run2.b")]
+    assert fab.wanted.jobs == {}
+    configs = {host: config_from_args(argv[3:]) for host, argv in fab.argv.items()}
+    assert configs["h1"].tag == configs["h3"].tag == jobs["a"]["tag"] != jobs["b"]["tag"] == configs["h2"].tag
+    assert configs["h1"].start_at == configs["h3"].start_at == jobs["a"]["start_at_s"]
+    # b arrives 2 s after a and starts at the offset the controller gave it
+    assert jobs["b"]["arrival_s"] == pytest.approx(jobs["a"]["arrival_s"] + 2)
+    assert configs["h2"].start_at == pytest.approx(jobs["b"]["arrival_s"] + jobs["b"]["start_offset_s"])
+    offsets = sorted(job["start_offset_s"] for job in jobs.values())
+    assert offsets[0] == 0 < offsets[1]  # one period: the second interleaved with the first
+    assert configs["h2"].layer_dscp and not configs["h1"].layer_dscp  # mlt marks its own datagrams, TCP is marked
+    assert record["status"] == "ok" and jobs["a"]["link_bound_s"] > 0

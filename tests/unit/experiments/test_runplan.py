@@ -17,7 +17,7 @@ SHIPPED = sorted((REPO / "experiments").glob("*.yaml")) + sorted((FIXTURES / "ex
 def test_every_run_of_the_shipped_specs_plans(path):
     spec = load_spec(path)
     plans = dry_run(spec)
-    assert [plan.run for plan in plans] == spec.runs
+    assert [plan.run for plan in plans] == [job_run for run in spec.runs for job_run in run.job_runs]
     for plan in plans:
         config = plan.run.config
         assert [(p.role, p.host) for p in plan.processes] == \

@@ -124,7 +124,7 @@ MALFORMED = [
      "use roundrobin)"),
     ("repetitons: 3", "repetitons: unknown field (did you mean repetitions?)"),
     ("repetitions: 0", "repetitions: 0 is not allowed (an integer 1..100)"),
-    ("flavour: x", "flavour: unknown field (allowed: topology, controller, cluster, job, background, faults, "
+    ("flavour: x", "flavour: unknown field (allowed: topology, controller, cluster, job, jobs, background, faults, "
                    "name, description, repetitions, matrix, include, exclude, confidence, live)"),
     ("matrix: {lb: {values: [ecmp, spray]}}",
      "matrix.lb.field: null is not allowed (the dotted field the scalar values set)"),
@@ -136,7 +136,7 @@ MALFORMED = [
      "matrix.scheme.baseline: 'c' is not allowed (one of a, b)"),
     ("matrix: {scheme: {values: {a: {repetitions: 2}}}}",
      "matrix.scheme.values.a: 'repetitions' is not allowed (fields of topology, controller, cluster, "
-     "job, background, faults)"),
+     "job, jobs, background, faults)"),
     ("matrix: {mode: {values: {a: {}}}}",
      "matrix: 'mode' is not allowed (an axis name that is not a runs.csv column, unless it is the "
      "scalar axis over that column's field (job.mode))"),
@@ -291,7 +291,7 @@ def test_empty_spec_is_one_run_of_defaults():
 
 SHIPPED_SPEC_RUNS = {"smoke": 2, "default": 24, "headline": 51, "ablation": 42, "headline_contended": 18,
                      "loss_sweep": 12, "tictac": 24, "caramel": 18, "lossy_allreduce": 6, "scale": 6, "spraying": 24,
-                     "bring_your_own": 2, "collectives": 72}
+                     "bring_your_own": 2, "collectives": 72, "multijob": 18}
 
 
 @pytest.mark.parametrize("name,runs", SHIPPED_SPEC_RUNS.items())

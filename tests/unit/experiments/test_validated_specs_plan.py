@@ -72,7 +72,11 @@ TOPOLOGY = st.fixed_dictionaries({}, optional={
     "mtu": around(576, 1500, 9000, 575, 65536), "tcp_cc": st.sampled_from(["cubic", "reno", "bbr", "vegas"])})
 CONTROLLER = st.fixed_dictionaries({}, optional={
     "lb": st.sampled_from(["ecmp", "spray", "single", "random"]),
-    "sched": st.sampled_from(["fifo", "layer", "tictac", "best"]), "stats_interval_s": around(0.1, 1, 60, 0)})
+    "sched": st.sampled_from(["fifo", "layer", "tictac", "best"]), "stats_interval_s": around(0.1, 1, 60, 0),
+    "sharing": st.sampled_from(["fair", "intensity", "timeshift", "crux"])})
+# a job of several: the job's fields, a name and a start
+JOB_ENTRY = st.builds(lambda job, extra: {**job, **extra}, JOB, st.fixed_dictionaries({}, optional={
+    "name": st.sampled_from(["a", "b", "a-1", "_x"]) | ODD, "start_s": around(0, 1.5, 20, 21)}))
 CLUSTER = st.fixed_dictionaries({}, optional={
     "servers": st.sampled_from([[], ["localhost"], ["localhost", "s2"], ["s2"], ["localhost", "localhost"]]),
     "placement": st.sampled_from(["switchbin", "roundrobin", "random"])})
@@ -83,6 +87,7 @@ FAULT = st.fixed_dictionaries({"kind": st.sampled_from(["link_down", "loss", "ra
                                "at_s": around(0, 2, 5), "duration_s": around(1, 5, 10)}, optional={
     "loss_percent": around(0.01, 1, 100, 0.001), "rate_mbps": around(0.8, 10, 0.1)})
 SECTIONS = {"topology": TOPOLOGY, "controller": CONTROLLER, "cluster": CLUSTER, "job": JOB,
+            "jobs": st.lists(JOB_ENTRY, max_size=3),
             "background": st.lists(FLOW, max_size=3), "faults": st.lists(FAULT, max_size=3)}
 FIELDS = st.sampled_from(["job.mode", "job.transport", "controller.lb", "controller.sched", "job.seed",
                           "job.loss_bound", "job.servers", "topology.spines", "job.model.depth", "job.fusion"])
@@ -114,5 +119,5 @@ def test_a_generated_spec_is_refused_in_one_line_or_plans_every_run(document):
             event(f"refused: {error.path.split('.')[0] if '/' not in error.path else 'the file'}")
             return
     event("validated and planned")
-    assert len(plans) == len(spec.runs)
+    assert len(plans) == sum(len(run.job_runs) for run in spec.runs)
     assert run_list(spec) and plan_text(spec.name, plans)

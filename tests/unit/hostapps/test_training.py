@@ -47,6 +47,17 @@ def test_allreduce_ps_and_single_worker_reach_the_same_parameters(loopback_addre
         assert np.abs(result["model"].params - single).max() < 1e-4
 
 
+def test_workers_start_their_first_iteration_at_start_at_and_train_alike(loopback_addresses):
+    """--start-at: connected, every worker waits for it (the jobs sharing a fabric start at their
+    offsets); the parameters are those of a job that starts at once."""
+    options = dict(iterations=3, batch=32, eval_every=0, model=Model(width=16, depth=1))
+    at_once = run_job(loopback_addresses, 2, **options)
+    start_at = time.time() + 1.5
+    later = run_job(loopback_addresses, 2, **options, start_at=start_at)
+    assert all(result["recorder"].iterations[0]["start_s"] >= start_at for result in later)
+    assert np.array_equal(later[0]["model"].params, at_once[0]["model"].params)
+
+
 def test_ps_parameter_slicing_reaches_the_same_parameters_slice_by_slice(loopback_addresses):
     options = dict(iterations=12, batch=32, eval_every=0, model=Model(width=64, depth=2), momentum=0.5)
     single = run_job(loopback_addresses, 1, **options)[0]["model"].params

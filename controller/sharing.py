@@ -1,0 +1,186 @@
+"""Inter-job scheduling: how training jobs that share the fabric share its classes and its time.
+
+Plain data in (the registered jobs: each one's layer table, and the time its traffic of one
+iteration needs on its busiest link, `comm_ms`, which the runner works out from the fabric), plain
+data out: each job's band of the gradient classes CS6..CS2 (common/classes.py), inside which its
+own class policy (controller/scheduling.py) ranks its layers, and each job's iteration start
+offset.
+
+- `fair`: every job the whole band, each job's policy filling it on its own (the baseline: no
+  arbitration between jobs);
+- `intensity` (after Crux, SIGCOMM'24): jobs ranked by intensity, the compute of an iteration over
+  its communication time on its busiest link, the more intense first; the ranking is compressed
+  into the five classes, each job a band of its own while there are bands enough;
+- `timeshift` (after CASSINI, NSDI'24): every job the whole band, and start offsets that interleave
+  the jobs' communication phases on the circle of their common period.
+
+Every registered job names the policy (`sharing` of its job document); one policy holds for all of
+them, so a job naming another is refused while others are registered. Adding a policy: subclass
+`SharingPolicy`, set `name`, write `levels` (and `offsets_ms`), decorate with `@register`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
+
+import numpy as np
+
+from common.classes import GRADIENT_DSCPS
+
+MAX_JOBS = 16  # jobs the controller holds at once
+# The circle CASSINI places communication on is the jobs' common period (the least common multiple of
+# their periods) in slots; a job's period is cut into at most PERIOD_SLOTS, and a common period of
+# more than MAX_CIRCLE_SLOTS (periods that are not near multiples of each other) is not kept: the
+# longest period is the circle then, and the offsets hold for a few iterations only.
+PERIOD_SLOTS = 200
+MAX_CIRCLE_SLOTS = 20_000
+
+
+@dataclass(frozen=True)
+class JobTiming:
+    """An iteration of a job as sharing sees it: forward, then backward with the communication
+    starting with it (the first gradient is ready as the backward pass starts), the next forward
+    waiting for the last parameters: period = forward + max(backward, communication)."""
+    job: str
+    forward_ms: float
+    backward_ms: float
+    comm_ms: float
+
+    @property
+    def compute_ms(self) -> float:
+        return self.forward_ms + self.backward_ms
+
+    @property
+    def period_ms(self) -> float:
+        return self.forward_ms + max(self.backward_ms, self.comm_ms)
+
+    @property
+    def comm_start_ms(self) -> float:
+        return self.forward_ms
+
+    @property
+    def intensity(self) -> float:
+        """Crux's GPU intensity: compute per iteration over its communication on the busiest link."""
+        return self.compute_ms / self.comm_ms if self.comm_ms > 0 else math.inf
+
+
+def job_timing(job) -> JobTiming:
+    """A RegisteredJob's timing from its layer table and `comm_ms` (none given: its bytes at 1 ms
+    per MB, which ranks jobs sharing links of one rate as their times would)."""
+    forward = sum(layer.fwd_ms or 0.0 for layer in job.layers)
+    backward = sum(layer.bwd_ms or 0.0 for layer in job.layers)
+    comm = job.comm_ms if job.comm_ms is not None else sum(layer.bytes for layer in job.layers) / 1e6
+    return JobTiming(job.job, forward, backward, comm)
+
+
+class SharingPolicy:
+    """How jobs sharing the fabric share its classes and its time."""
+    name: ClassVar[str]
+
+    def levels(self, timings: Sequence[JobTiming]) -> dict[str, int]:
+        """Job id -> priority level, 0 the highest; equal levels share a band of classes."""
+        return {timing.job: 0 for timing in timings}
+
+    def offsets_ms(self, timings: Sequence[JobTiming]) -> dict[str, float]:
+        """Job id -> how long after the common start its first iteration starts."""
+        return {timing.job: 0.0 for timing in timings}
+
+
+SHARING_POLICIES: dict[str, type[SharingPolicy]] = {}
+
+
+def register(cls: type[SharingPolicy]) -> type[SharingPolicy]:
+    SHARING_POLICIES[cls.name] = cls
+    return cls
+
+
+@register
+class Fair(SharingPolicy):
+    """Every job the same classes, no offsets: the baseline."""
+    name = "fair"
+
+
+@register
+class Intensity(SharingPolicy):
+    """Crux's priority: the more compute a job does per unit of communication on its busiest link,
+    the more utilization its waiting costs, so it goes first; equal intensities share a level."""
+    name = "intensity"
+
+    def levels(self, timings: Sequence[JobTiming]) -> dict[str, int]:
+        distinct = sorted({timing.intensity for timing in timings}, reverse=True)
+        return {timing.job: distinct.index(timing.intensity) for timing in timings}
+
+
+@register
+class TimeShift(SharingPolicy):
+    """CASSINI's interleaving: the same classes for all, and start offsets (`interleave`)."""
+    name = "timeshift"
+
+    def offsets_ms(self, timings: Sequence[JobTiming]) -> dict[str, float]:
+        return interleave(timings)
+
+
+def interleave(timings: Sequence[JobTiming]) -> dict[str, float]:
+    """Start offsets that keep the jobs' communication phases apart, as CASSINI's rotations on the
+    circle of the jobs' common period: jobs are placed in turn, the longest communication first
+    (ties by id) at offset 0, each next one at the offset within its own period that overlaps least
+    with the phases placed so far (the smallest such offset). Every job is taken to share one link
+    with every other (the runner's specs share uplinks)."""
+    if not timings:
+        return {}
+    slot_ms = max(timing.period_ms for timing in timings) / PERIOD_SLOTS
+    if slot_ms <= 0:
+        return {timing.job: 0.0 for timing in timings}
+    periods = {timing.job: max(1, round(timing.period_ms / slot_ms)) for timing in timings}
+    circle = math.lcm(*periods.values())
+    if circle > MAX_CIRCLE_SLOTS:
+        circle = max(periods.values())
+    busy = np.zeros(circle)
+    offsets = {}
+    for timing in sorted(timings, key=lambda t: (-t.comm_ms, t.job)):
+        phase = _phase(timing, periods[timing.job], slot_ms, circle)
+        # overlap[s]: busy slots under the phase moved by s; the circular correlation of the two
+        overlap = np.rint(np.fft.ifft(np.fft.fft(busy) * np.conj(np.fft.fft(phase))).real)
+        shift = int(np.argmin(overlap[:periods[timing.job]]))
+        offsets[timing.job] = shift * slot_ms
+        busy += np.roll(phase, shift)
+    return {timing.job: offsets[timing.job] for timing in timings}
+
+
+def _phase(timing: JobTiming, period: int, slot_ms: float, circle: int) -> np.ndarray:
+    """1 in the circle's slots where the job communicates, started at offset 0."""
+    start = round(timing.comm_start_ms / slot_ms)
+    length = min(period, round(timing.comm_ms / slot_ms))
+    one = np.zeros(period)
+    one[[(start + i) % period for i in range(length)]] = 1
+    return np.tile(one, math.ceil(circle / period))[:circle]
+
+
+def bands(levels: dict[str, int], classes: Sequence[int] = GRADIENT_DSCPS) -> dict[str, tuple[int, ...]]:
+    """Job id -> its band of the classes: the levels in order over the classes, near-equal bands
+    with the larger ones at the back (the highest levels stay apart); with more levels than
+    classes, neighbouring levels share a class."""
+    count = max(levels.values(), default=0) + 1
+    if count > len(classes):
+        return {job: (classes[level * len(classes) // count],) for job, level in levels.items()}
+    size, larger = divmod(len(classes), count)  # the last `larger` bands hold one class more
+    starts = [level * size + max(0, level - (count - larger)) for level in range(count + 1)]
+    return {job: tuple(classes[starts[level]:starts[level + 1]]) for job, level in levels.items()}
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """What a policy decides for a set of jobs: each one's band and start offset."""
+    policy: str
+    bands: dict[str, tuple[int, ...]]
+    offsets_ms: dict[str, float]
+    intensity: dict[str, float]
+
+
+def share(policy: str, jobs: Sequence) -> Sharing:
+    """The policy's decision for the registered jobs (RegisteredJob)."""
+    timings = [job_timing(job) for job in jobs]
+    chosen = SHARING_POLICIES[policy]()
+    return Sharing(policy, bands(chosen.levels(timings)), chosen.offsets_ms(timings),
+                   {timing.job: timing.intensity for timing in timings})

@@ -1,0 +1,129 @@
+"""Several jobs on one fabric: what each job loses to its neighbours and what the cluster gets done.
+
+Per job (runs.csv's rows of a run of several jobs, `job` their name):
+- `alone_iter_time_s`: its mean iteration time run alone (its alone run of the same repetition,
+  experiments/spec/runs.py), and `slowdown_vs_alone`, its iteration time beside the others over that;
+- `jct_s`: its completion time, from its arrival (the common start plus its start_s; a job run alone
+  arrives with its first iteration) to its workers' last iteration's end: a time-shift offset counts
+  against the policy that gave it;
+- `compute_util`: its workers' compute over their wall time (the job's completion time each).
+
+Per run (multijob.csv): the average and the tail (largest) completion time over its jobs, the
+cluster's compute utilization (every worker's compute over every worker's wall time, its job's
+completion time: Crux's objective), and each one's gain against the baseline's run of the same
+repetition.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+import pandas as pd
+
+from experiments.spec import ALONE, Spec
+
+MULTIJOB_COLUMNS = ["run_id", "scheme", "rep", "jobs", "jct_mean_s", "jct_max_s", "cluster_util", "slowdown_mean",
+                    "slowdown_max", "jct_mean_gain", "jct_max_gain", "util_gain"]
+
+
+def job_row(iterations: pd.DataFrame, arrival_s: float | None) -> dict[str, float]:
+    """A job's completion time and compute utilization from its iterations (iterations.csv rows of
+    its processes); arrival_s None: its workers' first iteration start."""
+    workers = iterations[iterations["role"] == "worker"]
+    if workers.empty:
+        return {"jct_s": math.nan, "compute_util": math.nan}
+    arrival = float(workers["start_s"].min()) if arrival_s is None else float(arrival_s)
+    jct = float(workers["end_s"].max()) - arrival
+    count = workers["rank"].nunique()
+    compute = float(workers["compute_s"].sum())
+    return {"jct_s": jct, "compute_util": compute / (count * jct) if jct > 0 else math.nan}
+
+
+def with_alone(runs: pd.DataFrame, alone: dict[tuple[str, str], str]) -> pd.DataFrame:
+    """runs.csv with each job's alone iteration time and slowdown filled in; `alone`: (run_id, job)
+    -> its alone run's id (experiments/spec/runs.alone_runs)."""
+    runs = runs.copy()
+    alone_time = {(row.run_id, row.job): row.iter_time_mean_s for row in runs.itertuples()}
+    for index, row in runs.iterrows():
+        reference = alone.get((row["run_id"], row["job"]))
+        if reference is None and str(row["run_id"]).startswith(f"{ALONE}="):
+            reference = row["run_id"]
+        if reference is None:
+            continue
+        time_alone = alone_time.get((reference, row["job"]), math.nan)
+        runs.at[index, "alone_iter_time_s"] = time_alone
+        runs.at[index, "slowdown_vs_alone"] = row["iter_time_mean_s"] / time_alone if time_alone else math.nan
+    return runs
+
+
+def effects_by_job(runs: pd.DataFrame, spec: Spec, effects: Callable[[pd.DataFrame, Spec], pd.DataFrame]
+                   ) -> pd.DataFrame:
+    """effects.csv (experiments/effects.py): for a spec of several jobs, each job's effects apart,
+    its name in the mode column ("allreduce mlp"), the alone runs left out (they are no scheme)."""
+    if not any(run.config.jobs for run in spec.runs):
+        return effects(runs, spec)
+    shared = dataclasses.replace(spec, runs=[run for run in spec.runs if not run.alone])
+    frames = []
+    for name in dict.fromkeys(name for run in shared.runs for name in run.job_names):
+        found = effects(runs[runs["job"] == name], shared)
+        frames.append(found.assign(mode=found["mode"] + f" {name}"))
+    return pd.concat(frames, ignore_index=True) if frames else effects(runs.iloc[:0], spec)
+
+
+def runs_table(runs: pd.DataFrame, spec: Spec) -> pd.DataFrame:
+    """multijob.csv: a row per run of several jobs (see the module's docstring)."""
+    several = {run.run_id: run for run in spec.runs if run.config.jobs}
+    rows = []
+    for run_id, jobs in runs[runs["run_id"].isin(several)].groupby("run_id", sort=False):
+        run = several[run_id]
+        complete = jobs["jct_s"].notna().all() and len(jobs) == len(run.config.jobs)
+        wall = (jobs["workers"] * jobs["jct_s"]).sum()
+        compute = (jobs["workers"] * jobs["jct_s"] * jobs["compute_util"]).sum()
+        rows.append({
+            "run_id": run_id, "scheme": ",".join(f"{axis}={label}" for axis, label in run.axes.items()) or "base",
+            "rep": run.rep, "jobs": len(run.config.jobs),
+            "jct_mean_s": jobs["jct_s"].mean() if complete else math.nan,
+            "jct_max_s": jobs["jct_s"].max() if complete else math.nan,
+            "cluster_util": compute / wall if complete and wall > 0 else math.nan,
+            "slowdown_mean": jobs["slowdown_vs_alone"].mean(), "slowdown_max": jobs["slowdown_vs_alone"].max()})
+    table = pd.DataFrame(rows, columns=MULTIJOB_COLUMNS)
+    if spec.baseline and not table.empty:
+        axis, label = spec.baseline
+        for index, row in table.iterrows():
+            run = several[row["run_id"]]
+            base_axes = {**run.axes, axis: label}
+            base = table[(table["rep"] == row["rep"]) & (table["scheme"] == ",".join(
+                f"{name}={value}" for name, value in base_axes.items()))]
+            if base.empty:
+                continue
+            base = base.iloc[0]
+            table.at[index, "jct_mean_gain"] = base["jct_mean_s"] / row["jct_mean_s"]
+            table.at[index, "jct_max_gain"] = base["jct_max_s"] / row["jct_max_s"]
+            table.at[index, "util_gain"] = row["cluster_util"] / base["cluster_util"] - 1
+    return table
+
+
+def summary_lines(table: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
+    """summary.md's section: per scheme, the mean over repetitions of each job's slowdown, the
+    completion times, the utilization and their gains against the baseline."""
+    if table.empty:
+        return []
+    jobs = runs[runs["job"].astype("string").fillna("") != ""].copy()
+    jobs["scheme"] = jobs["run_id"].map(lambda run_id: run_id.rsplit(",rep=", 1)[0])
+    slowdowns = jobs.groupby(["scheme", "job"], sort=False)["slowdown_vs_alone"].mean().unstack("job")
+    lines = ["## Jobs sharing the fabric", "",
+             "Each job's slowdown is its mean iteration time over its time run alone (same seed); completion "
+             "times (JCT) from each job's arrival; utilization is every worker's compute over its wall time; "
+             "gains against the baseline's run of the same repetition (means over repetitions).", "",
+             "| scheme | " + " | ".join(f"slowdown {job}" for job in slowdowns.columns)
+             + " | JCT mean (s) | JCT tail (s) | utilization | JCT mean gain | JCT tail gain | utilization gain |",
+             "|---" * (7 + len(slowdowns.columns)) + "|"]
+    for scheme, rows in table.groupby("scheme", sort=False):
+        cells = [f"{slowdowns.loc[scheme, job]:.2f}x" if scheme in slowdowns.index
+                 and pd.notna(slowdowns.loc[scheme, job]) else "—" for job in slowdowns.columns]
+        means = rows[["jct_mean_s", "jct_max_s", "cluster_util", "jct_mean_gain", "jct_max_gain", "util_gain"]].mean()
+        shown = [f"{means['jct_mean_s']:.2f}", f"{means['jct_max_s']:.2f}", f"{means['cluster_util']:.1%}",
+                 f"{means['jct_mean_gain']:.2f}x", f"{means['jct_max_gain']:.2f}x", f"{means['util_gain']:+.1%}"]
+        lines.append(f"| {scheme} | " + " | ".join(cells + [cell.replace("nan", "—") for cell in shown]) + " |")
+    return [*lines, ""]

@@ -1,0 +1,196 @@
+"""Several jobs on one fabric, without a fabric: the `jobs:` section's validation (each refusal one
+line naming the field), each job's plan (id, tag, document), and the aggregation of a generated
+results folder into per-job rows, multijob.csv, the summary and the per-job plot."""
+import copy
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+from experiments import results
+from experiments.__main__ import run_list
+from experiments.plan import plan_text
+from experiments.plots import plot_all
+from experiments.runplan import dry_run, job_tag, plan_jobs
+from experiments.spec import SpecError, alone_runs, parse_spec
+from experiments.summary import write_summary
+from hostapps.config import config_from_args, process_arguments
+from unit.experiments.test_results import START, write_network_records
+
+SHARING = {"baseline": "fair", "values": {policy: {"controller.sharing": policy}
+                                          for policy in ("fair", "intensity", "timeshift")}}
+SPEC = {
+    "name": "two_jobs",
+    "topology": {"spines": 2, "leaves": 2, "hosts_per_leaf": 2, "host_bw": 40, "fabric_bw": 40},
+    "jobs": [{"name": "mlp", "workers": ["h1", "h3"], "iterations": 4},
+             {"name": "resnet", "workers": ["h2", "h4"], "iterations": 4,
+              "model": {"name": "resnet50", "scale": 0.01}, "start_s": 1.0}],
+    "matrix": {"sharing": SHARING},
+    "repetitions": 2,
+}
+
+
+def spec_with(change) -> dict:
+    document = copy.deepcopy(SPEC)
+    change(document)
+    return document
+
+
+# -- validation ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d["jobs"][1].update(workers=["h3", "h4"]),
+     "jobs.1.workers.0: h3 is also jobs.0's (each host runs one job's process)"),
+    (lambda d: d["jobs"][1].update(mode="ps", servers=["h1"]),
+     "jobs.1.servers.0: h1 is also jobs.0's (each host runs one job's process)"),
+    (lambda d: d["jobs"][1].update(workers=2),
+     "jobs.1.workers: 2 is not allowed (a list of distinct host names: each of several jobs names its own hosts)"),
+    (lambda d: d["jobs"][1].update(name="mlp"), "jobs.1.name: 'mlp' is not allowed (a name apart from jobs.0's)"),
+    (lambda d: d["jobs"][1].update(loss_bound=0.1),
+     "jobs.1.loss_bound: 0.1 is not allowed (0 with transport tcp (a loss bound needs the loss-tolerant transport: "
+     "jobs.1.transport mlt))"),
+    (lambda d: d["jobs"][0].update(collective="tree", mode="ps", servers=["h2"], workers=["h1"]),
+     "jobs.1.workers.0: h2 is also jobs.0's (each host runs one job's process)"),
+    (lambda d: d["jobs"][1].update(start_s=50),
+     "jobs.1.start_s: 50 is not allowed (seconds 0..15 after the run's jobs start, when this job's first "
+     "iteration starts)"),
+    (lambda d: d.update(jobs=[{"workers": [f"h{i}"]} for i in range(1, 18)], topology={"leaves": 9}),
+     "jobs: 17 jobs are not allowed (at most 16: the controller holds 16 jobs)"),
+    (lambda d: d.update(jobs=d["jobs"][:1]),
+     "jobs: [{iterations: 4, name: mlp, workers: [h1, h3]}] is not allowed ([] for the one job of `job`, or a list "
+     "of 2..16 jobs (the controller holds 16), each on hosts of its own)"),
+    (lambda d: d.update(job={"mode": "ps"}),
+     "job: {mode: ps} is not allowed (left out with jobs: each job of jobs has its own fields)"),
+    (lambda d: d.update(controller={"sharing": "crux"}),
+     "controller.sharing: 'crux' is not allowed (one of fair, intensity, timeshift)"),
+])
+def test_a_bad_jobs_section_is_one_line_naming_the_field(change, message):
+    with pytest.raises(SpecError) as error:
+        parse_spec(spec_with(change))
+    assert str(error.value).startswith(f"spec error: {message}")
+
+
+def test_each_job_runs_alone_first_in_each_repetition_then_every_policy():
+    spec = parse_spec(SPEC)
+    assert [run.run_id for run in spec.runs[:5]] == [
+        "alone=mlp,rep=1", "alone=resnet,rep=1", "sharing=fair,rep=1", "sharing=intensity,rep=1",
+        "sharing=timeshift,rep=1"]
+    assert len(spec.runs) == 10
+    assert alone_runs(spec)[("sharing=timeshift,rep=2", "resnet")] == "alone=resnet,rep=2"
+    second = spec.runs[5]
+    assert second.config.job.seed == 1 and second.alone == "mlp" and second.config.jobs == []
+    assert [entry.seed for entry in spec.runs[7].config.jobs] == [1, 1]
+    assert "3 matrix points x 2 repetition(s), and 4 of a job alone" in run_list(spec)
+
+
+# -- plans --------------------------------------------------------------------------------------
+def test_each_job_is_planned_under_its_own_id_number_and_hosts():
+    spec = parse_spec(SPEC)
+    run = next(run for run in spec.runs if run.run_id == "sharing=intensity,rep=1")
+    plans = plan_jobs(run)
+    assert [(plan.job_id, plan.name, plan.number, plan.start_s) for plan in plans] == [
+        ("run3.mlp", "mlp", 0, 0.0), ("run3.resnet", "resnet", 1, 1.0)]
+    assert [[process.host for process in plan.processes] for plan in plans] == [["h1", "h3"], ["h2", "h4"]]
+    documents = [plan.document for plan in plans]
+    assert [document["sharing"] for document in documents] == ["intensity", "intensity"]
+    assert documents[1]["comm_ms"] > documents[0]["comm_ms"] > 0  # resnet's 2 MB against the MLP's 70 KB
+    fair = plan_jobs(next(run for run in spec.runs if run.run_id == "sharing=fair,rep=1"))
+    assert [plan.document for plan in fair] == [None, None]  # fair and fifo: nothing for the controller
+    tags = {job_tag(base, number) for base in (0, 5, 2**27 - 1) for number in range(16)}
+    assert len(tags) == 48 and max(tags) < 2**31
+
+
+def test_plan_shows_each_jobs_hosts_and_the_links_they_share():
+    spec = parse_spec(SPEC)
+    text = plan_text(spec.name, dry_run(spec))
+    assert "sharing=fair,rep=1 [resnet]" in text
+    assert ("    resnet: allreduce resnet50 tcp, workers h2,h4; start 1 s; 2 flows (worker0->worker1, "
+            "worker1->worker0)") in text
+    assert "links shared by jobs: 4: leaf1-spine1 (mlp+resnet)" in text
+
+
+def test_a_worker_takes_its_start_time_on_the_command_line():
+    plan = plan_jobs(parse_spec(SPEC).runs[2])[0]
+    config = plan.processes[0].config.__class__(**{**plan.processes[0].config.__dict__, "start_at": 1234.5})
+    assert config_from_args(["worker", *process_arguments(config)]).start_at == 1234.5
+
+
+# -- results ------------------------------------------------------------------------------------
+# Iteration times (s) of each job alone and beside the other, per policy; each iteration computes
+# 0.2 s of it on each worker.
+PERIODS = {"alone": {"mlp": 0.5, "resnet": 0.4},
+           "fair": {"mlp": 0.6, "resnet": 0.6}, "intensity": {"mlp": 0.5, "resnet": 0.7},
+           "timeshift": {"mlp": 0.5, "resnet": 0.5}}
+COMPUTE_S = 0.2
+
+
+def write_job(out: Path, run, name: str, config, t0: float, period: float) -> None:
+    for rank, host in enumerate(config.worker_hosts):
+        rows = [{"job": 7, "role": "worker", "rank": rank, "iteration": i, "start_s": t0 + i * period,
+                 "end_s": t0 + (i + 1) * period, "compute_s": COMPUTE_S, "wait_s": period - COMPUTE_S,
+                 "bytes_sent": 1000, "bytes_recv": 1000, "delivered_fraction": 1.0, "delivered_fraction_reduce": 1.0,
+                 "delivered_fraction_gather": 1.0, "loss": 1.0, "test_accuracy": None}
+                for i in range(config.job.iterations)]
+        directory = results.process_dir(out, run.run_id, host, "worker", rank)
+        directory.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame(rows).to_csv(directory / "iterations.csv", index=False)
+        pd.DataFrame(columns=results.TENSOR_COLUMNS).to_csv(directory / "tensors.csv", index=False)
+        (directory / "summary.json").write_text(json.dumps({
+            "final_accuracy": 0.5, "iterations": config.job.iterations, "bytes_per_iteration": 1000,
+            "param_count": 250, "wall_time_s": 3.0}))
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("multijob")
+    spec = parse_spec(SPEC)
+    (directory / "spec.yaml").parent.mkdir(parents=True, exist_ok=True)
+    results.start_output(directory, spec, resume=False)
+    for run in spec.runs:
+        t0 = START + 100 * run.index
+        setting = "alone" if run.alone else run.axes["sharing"]
+        jobs = []
+        for name, job_run in zip(run.job_names, run.job_runs):
+            arrival = t0 + (job_run.config.job.start_s if run.config.jobs else 0.0)
+            write_job(directory, run, name, job_run.config, arrival + 0.1, PERIODS[setting][name])
+            jobs.append({"name": name, "arrival_s": arrival, "link_bound_s": 0.1, "tail_comm_s": 0.01})
+        write_network_records(directory, SimpleNamespace(run_id=run.run_id, axes={"scheme": "baseline"}), t0)
+        results.write_run_record(directory, run, "ok", t0, t0 + 5, jobs=jobs if run.config.jobs else None,
+                                 bounds=None if run.config.jobs else {"link_bound_s": 0.1, "tail_comm_s": 0.01})
+    results.aggregate(directory, say=lambda line: None)
+    return directory
+
+
+def test_runs_csv_has_a_row_per_job_with_its_slowdown_against_alone(out):
+    runs = pd.read_csv(out / "runs.csv", keep_default_na=False, na_values=[""])
+    fair = runs[runs["run_id"] == "sharing=fair,rep=1"].set_index("job")
+    assert list(fair.index) == ["mlp", "resnet"]
+    assert fair.loc["mlp", "alone_iter_time_s"] == pytest.approx(0.5)
+    assert fair.loc["mlp", "slowdown_vs_alone"] == pytest.approx(1.2)
+    assert fair.loc["resnet", "slowdown_vs_alone"] == pytest.approx(1.5)
+    # four iterations from 0.1 s after its arrival: 0.1 + 4 x 0.6; two workers computing 4 x 0.2 s each
+    assert fair.loc["resnet", "jct_s"] == pytest.approx(2.5)
+    assert fair.loc["resnet", "compute_util"] == pytest.approx(0.8 / 2.5)
+    alone = runs[runs["run_id"] == "alone=mlp,rep=2"].iloc[0]
+    assert alone["job"] == "mlp" and alone["slowdown_vs_alone"] == pytest.approx(1.0)
+    iterations = pd.read_csv(out / "iterations.csv")
+    assert set(iterations[iterations["run_id"] == "sharing=fair,rep=1"]["job"]) == {"mlp", "resnet"}
+
+
+def test_multijob_csv_has_completion_times_and_utilization_against_fair(out):
+    table = pd.read_csv(out / "multijob.csv").set_index("run_id")
+    fair, shifted = table.loc["sharing=fair,rep=1"], table.loc["sharing=timeshift,rep=1"]
+    assert fair["jct_mean_s"] == pytest.approx((2.5 + 2.5) / 2)
+    assert fair["jct_max_s"] == pytest.approx(2.5)
+    assert fair["cluster_util"] == pytest.approx(1.6 / 5.0)
+    assert shifted["jct_mean_gain"] == pytest.approx(2.5 / 2.1)
+    assert shifted["util_gain"] == pytest.approx((1.6 / 4.2) / (1.6 / 5.0) - 1)
+    assert fair["jct_mean_gain"] == pytest.approx(1.0)
+
+
+def test_the_summary_and_the_plots_show_the_jobs_apart(out):
+    text = write_summary(out)
+    assert "## Jobs sharing the fabric" in text
+    assert "| sharing=timeshift | 1.00x | 1.25x | 2.10 | 2.10 | 38.1% | 1.19x | 1.19x | +19.0% |" in text
+    assert (out / "plots" / "job_iteration_time.png") in plot_all(out)
