@@ -55,7 +55,7 @@ from experiments.runplan import (OPENFLOW_PORT, REST_PORT, RunPlan, data_flows, 
 from experiments.spec import Run, Spec
 from hostapps.config import process_arguments
 from emulation import cluster, placement
-from topologies.cluster import ClusterError, crossing_links
+from topologies.cluster import LOCAL, ClusterError, crossing_links
 from common.paths import REPO
 from emulation.fabric import Fabric, FabricError, kill_group
 from emulation.machine import MachineError, machine_used_mb, prepare, process_rss_mb, vswitchd_pid
@@ -368,8 +368,9 @@ def run_once(fab: Fabric, out: Path, plans: list[RunPlan], rates: pd.DataFrame, 
     problems = fab.controller_problems()[known_problems:]
     fetched = [cluster.fetch(fab.host(process.host), str(process.stdout.parent)) for process in processes]
     for process in processes:  # every record on this machine's clock
-        offset, _ = clock_offsets(fab).get(cluster.server_of(fab.host(process.host)), (0.0, 0.0))
-        cluster.to_local_clock(process.stdout.parent, offset)
+        server = cluster.server_of(fab.host(process.host))
+        if server != LOCAL:
+            cluster.to_local_clock(process.stdout.parent, clock_offsets(fab)[server][0])
     error = "; ".join(filter(None, [error, *fetched, *schedule.errors,
                                     *(f"controller: {line}" for line in problems[:1])]))
     write_csv(rates, path / "port_rates.csv")
