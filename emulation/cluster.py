@@ -22,6 +22,7 @@ from typing import Callable
 from mininet.examples.cluster import MininetCluster, Placer, RemoteGRELink, RemoteMixin, RemoteOVSSwitch
 from mininet.util import errRun
 
+from common.files import atomic_open
 from topologies.cluster import LOCAL, ClusterError, placement
 from topologies.nodes import FabricHost, FabricLink, OVSUserSwitch, ShapedIntf
 
@@ -237,7 +238,7 @@ def to_local_clock(folder: Path, offset_s: float) -> None:
             for column in columns:
                 if row.get(column):
                     row[column] = f"{float(row[column]) - offset_s:.6f}"
-        with open(path, "w", newline="") as stream:
+        with atomic_open(path, "w", newline="") as stream:  # an interrupted restamp leaves the original
             writer = csv.DictWriter(stream, fields)
             writer.writeheader()
             writer.writerows(rows)
