@@ -1,5 +1,5 @@
 """Congestion-aware spraying (hostapps.mlt.paths): the receiver names the source ports whose datagrams
-queued, the sender avoids them.  tests/test_hostapps_mlt.py times real datagrams on loopback."""
+queued, the sender avoids them.  tests/unit/hostapps/test_mlt.py times real datagrams on loopback."""
 import random
 
 import pytest
