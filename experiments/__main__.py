@@ -63,9 +63,11 @@ def run_list(spec: Spec) -> str:
     """The expanded runs, one line each (a run of several jobs: a line per job under it), as
     `validate` prints them."""
     alone = sum(1 for run in spec.runs if run.alone)
-    points = (len(spec.runs) - alone) // spec.header.repetitions
+    points = len({tuple(run.axes.values()) for run in spec.runs if not run.alone})
+    extra = len(spec.runs) - alone - points * spec.header.repetitions
     lines = [f"{spec.name}: {len(spec.runs)} runs ({points} matrix points x {spec.header.repetitions} "
-             f"repetition(s)" + (f", and {alone} of a job alone, the references of their slowdowns)" if alone else ")")]
+             f"repetition(s)" + (f", {extra:+d} where include sets repetitions" if extra else "")
+             + (f", and {alone} of a job alone, the references of their slowdowns)" if alone else ")")]
     if spec.baseline:
         lines.append("baseline: {}={}".format(*spec.baseline))
     width = max(len(run.run_id) for run in spec.runs)

@@ -18,7 +18,7 @@ METRIC_COLUMNS = [
     "iter_time_mean_s", "iter_time_p50_s", "iter_time_p99_s", "samples_per_s",
     "final_accuracy", "time_to_accuracy_s", "bytes_sent", "lower_bound_s", "tight_bound_s",
     "compute_s", "comm_s", "tictac_efficiency", "straggler_s", *PHASE_DELIVERED_COLUMNS, "replica_divergence",
-    "speedup_vs_baseline", "uplink_imbalance", "max_flows_per_uplink", *FIDELITY_COLUMNS,
+    "speedup_vs_baseline", "uplink_imbalance", "max_flows_per_uplink", "placement", *FIDELITY_COLUMNS,
 ]
 # A run of several jobs has a row per job (`job` its name; "" in a run of one job), and these
 # columns (experiments/multijob.py): the job's iteration time alone and its slowdown beside the

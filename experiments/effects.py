@@ -1,20 +1,28 @@
-"""effects.csv: every scheme's effect with its paired confidence interval, against the baseline and,
-where the spec's matrix says so (`compare`), against the step it adds to: the speedup (iteration
-times, experiments/statistics.py `paired_ratio`) and the change of final accuracy (percentage
-points, `paired_difference`). Pairs are the repetitions: repetition r of a scheme with repetition
-r of the one it is measured against, the same other axes (the mode). A run that failed or failed
-the fidelity guard leaves its pair out: its times measure the machine, not the network.
+"""effects.csv: every scheme's effect with its confidence interval, against the baseline and, where
+the spec's matrix says so (`compare`), against the step it adds to: the speedup (iteration times)
+and the change of final accuracy (percentage points, `paired_difference`).
+
+Speedups are paired by repetition (`paired_ratio`: repetition r of a scheme with repetition r of
+the one it is measured against, the same other axes, the same seed) where the two schemes' runs
+of each repetition took the same placement (runs.csv's `placement`: the same 5-tuples on the same
+uplinks, or none measured). Where they did not (TCP against mlt's datagrams, or per-flow ECMP
+against a fabric that sprays the job), the pair shares only the data order, and each scheme's
+placements are part of what it is: the two are compared as independent samples over all their runs
+(`unpaired_ratio`), so a placement-dependent scheme given more repetitions (`include` with
+`repetitions`) narrows the interval. Accuracy changes stay paired (they follow the data order). A
+run that failed or failed the fidelity guard leaves its pair, or itself, out: its times measure the
+machine, not the network.
 """
 from __future__ import annotations
 
 import pandas as pd
 
 from experiments.spec import Spec
-from experiments.statistics import Effect, paired_difference, paired_ratio
+from experiments.statistics import Effect, paired_difference, paired_ratio, unpaired_ratio
 
-EFFECT_COLUMNS = ["mode", "scheme", "against", "comparison", "metric", "estimate", "low", "high", "pairs",
-                  "level", "significant", "verdict"]
-EFFECT_NUMERIC = ["estimate", "low", "high", "pairs", "level"]
+EFFECT_COLUMNS = ["mode", "scheme", "against", "comparison", "metric", "design", "estimate", "low", "high",
+                  "pairs", "runs_against", "runs_scheme", "level", "significant", "verdict"]
+EFFECT_NUMERIC = ["estimate", "low", "high", "pairs", "runs_against", "runs_scheme", "level"]
 
 
 def _scheme(axes: dict[str, str]) -> str:
@@ -24,7 +32,8 @@ def _scheme(axes: dict[str, str]) -> str:
 
 def _row(mode: str, scheme: str, against: str, comparison: str, metric: str, effect: Effect) -> dict:
     return {"mode": mode, "scheme": scheme, "against": against, "comparison": comparison, "metric": metric,
-            "estimate": effect.estimate, "low": effect.low, "high": effect.high, "pairs": effect.pairs,
+            "design": effect.design, "estimate": effect.estimate, "low": effect.low, "high": effect.high,
+            "pairs": effect.pairs, "runs_against": effect.runs[0], "runs_scheme": effect.runs[1],
             "level": effect.level, "significant": effect.significant, "verdict": effect.verdict()}
 
 
@@ -35,14 +44,27 @@ def effects(runs: pd.DataFrame, spec: Spec) -> pd.DataFrame:
     axis, baseline = spec.baseline
     trusted = runs[runs["fidelity_ok"].ne(False)]  # a failed run has no times: its pair drops out too
     values = trusted.set_index("run_id")[["iter_time_mean_s", "final_accuracy"]]
-    reps = sorted({run.rep for run in spec.runs})
+    placed = (runs.set_index("run_id")["placement"].fillna("").astype(str) if "placement" in runs
+              else pd.Series(dtype=str))
     points: dict[tuple, dict[str, str]] = {}
+    run_ids: dict[tuple, dict[int, str]] = {}
     for run in spec.runs:
         points.setdefault(tuple(run.axes.values()), run.axes)
+        run_ids.setdefault(tuple(run.axes.values()), {})[run.rep] = run.run_id
 
-    def series(axes: dict[str, str], column: str) -> list[float]:
-        ids = [next(r.run_id for r in spec.runs if r.axes == axes and r.rep == rep) for rep in reps]
-        return [values[column].get(run_id, float("nan")) for run_id in ids]
+    def series(axes: dict[str, str], column: str, reps: list[int]) -> list[float]:
+        ids = run_ids[tuple(axes.values())]
+        return [values[column].get(ids[rep], float("nan")) for rep in reps]
+
+    def speedup(before: dict[str, str], after: dict[str, str]) -> Effect:
+        ids_before, ids_after = run_ids[tuple(before.values())], run_ids[tuple(after.values())]
+        shared = sorted(set(ids_before) & set(ids_after))
+        alike = all(placed.get(ids_before[rep], "") == placed.get(ids_after[rep], "") for rep in shared)
+        if alike and shared:
+            return paired_ratio(series(before, "iter_time_mean_s", shared), series(after, "iter_time_mean_s", shared),
+                                spec.header.confidence)
+        return unpaired_ratio(series(before, "iter_time_mean_s", sorted(ids_before)),
+                              series(after, "iter_time_mean_s", sorted(ids_after)), spec.header.confidence)
 
     rows = []
     for axes in points.values():
@@ -56,18 +78,19 @@ def effects(runs: pd.DataFrame, spec: Spec) -> pd.DataFrame:
             if other is None or tuple(other.values()) not in points:
                 continue
             scheme, other_scheme = _scheme(axes), _scheme(other)
-            rows.append(_row(mode, scheme, other_scheme, comparison, "speedup",
-                             paired_ratio(series(other, "iter_time_mean_s"), series(axes, "iter_time_mean_s"),
-                                          spec.header.confidence)))
+            rows.append(_row(mode, scheme, other_scheme, comparison, "speedup", speedup(other, axes)))
+            shared = sorted(set(run_ids[tuple(other.values())]) & set(run_ids[tuple(axes.values())]))
             rows.append(_row(mode, scheme, other_scheme, comparison, "accuracy_delta_pt",
-                             _in_points(paired_difference(series(other, "final_accuracy"),
-                                                          series(axes, "final_accuracy"), spec.header.confidence))))
+                             _in_points(paired_difference(series(other, "final_accuracy", shared),
+                                                          series(axes, "final_accuracy", shared),
+                                                          spec.header.confidence))))
     return pd.DataFrame(rows, columns=EFFECT_COLUMNS)
 
 
 def _in_points(effect: Effect) -> Effect:
     """An accuracy difference (fractions) in percentage points."""
-    return Effect(effect.estimate * 100, effect.low * 100, effect.high * 100, effect.pairs, effect.level, 0.0)
+    return Effect(effect.estimate * 100, effect.low * 100, effect.high * 100, effect.pairs, effect.level, 0.0,
+                  effect.design, effect.runs)
 
 
 def describe(effect: pd.Series) -> str:

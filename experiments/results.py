@@ -548,7 +548,8 @@ def _run_row(out: Path, run: Run, record: dict[str, Any], records: dict[str, pd.
     row = {"run_id": run.run_id, **run.axes, "rep": run.rep,
            **{column: get_field(config, dotted) for column, dotted in CONFIG_COLUMNS.items()},
            "workers": len(config.worker_hosts), "faults": "; ".join(record.get("faults", [])),
-           "data_gaps": "", "max_flows_per_uplink": _max_flows_per_uplink(record)}
+           "data_gaps": "", "max_flows_per_uplink": _max_flows_per_uplink(record),
+           "placement": placement_text(record.get("placement"))}
     if record["status"] != "ok":
         return row  # a failed run's partial records would give misleading metrics
     missing = missing_records(out, run)
@@ -588,6 +589,19 @@ def job_record_of(record: dict[str, Any], name: str) -> dict[str, Any]:
                 and isinstance(value, (int, float)) and not isinstance(value, bool)}
             return {**record, **numbers}
     return record
+
+
+def placement_text(placement: Any) -> str:
+    """Where per-flow ECMP put the run's flows, in one canonical line: `first switch>uplink: flows`
+    per uplink, sorted ("" when not measured). Two runs with the same text sent the same 5-tuples
+    the same way: a scheme compared with another on the same placement is paired with it
+    (experiments/effects.py)."""
+    uplinks = placement.get("uplinks") if isinstance(placement, dict) else None
+    if not isinstance(uplinks, dict):
+        return ""
+    return "; ".join(f"{switch}>{uplink}: {', '.join(sorted(map(str, flows)))}"
+                     for switch, by_uplink in sorted(uplinks.items()) if isinstance(by_uplink, dict)
+                     for uplink, flows in sorted(by_uplink.items()) if isinstance(flows, list))
 
 
 def _max_flows_per_uplink(record: dict[str, Any]) -> float:
@@ -670,7 +684,7 @@ def aggregate(out_dir: str | Path, say=lambda line: print(line, file=sys.stderr)
 
 # runs.csv's columns of numbers (the others are text, or the axes' labels).
 RUNS_NUMERIC = ["workers", *(column for column in metrics.METRIC_COLUMNS
-                             if column not in ("fidelity_ok", "fidelity_reason")), *JOB_COLUMNS]
+                             if column not in ("fidelity_ok", "fidelity_reason", "placement")), *JOB_COLUMNS]
 
 
 def read_tables(out_dir: str | Path, say=lambda line: print(line, file=sys.stderr)) -> dict[str, pd.DataFrame]:

@@ -1,6 +1,6 @@
 """summary.md: first, in words, which effects were significant and which were not; a legend of the
 columns; per training mode, one row per scheme comparing it with the others, with the baseline
-(and with the step it adds to, in an ablation), each effect with its paired interval, and with the
+(and with the step it adds to, in an ablation), each effect with its interval, and with the
 analytical lower bound; then notes on saturated (low-fidelity) and failed runs."""
 from __future__ import annotations
 
@@ -29,9 +29,12 @@ LEGEND = [
     "communication); mean ± std over repetitions.",
     "speedup: the baseline's iteration time over the scheme's, paired by repetition (same mode and "
     "other axes, same seed: same data order and, with per-flow ECMP, the same placement of the same "
-    "flows): the geometric mean of the pairs' ratios and its paired Student-t interval on the log "
-    "scale at the spec's confidence (experiments/statistics.py); n.s. where the interval holds 1 "
-    "(not significant); a run that failed or failed the fidelity guard leaves its pair out.",
+    "flows) where the two runs of each repetition took the same placement: the geometric mean of the "
+    "pairs' ratios and its paired Student-t interval on the log scale; where they did not (other "
+    "5-tuples, or a sprayed job against a placed one), the ratio of the two schemes' geometric means "
+    "over all their runs and its Welch t interval (marked unpaired in the lines above), at the "
+    "spec's confidence (experiments/statistics.py); n.s. where the interval holds 1 (not "
+    "significant); a run that failed or failed the fidelity guard leaves its pair out.",
     "step: in an ablation, the same against the step the scheme adds to (the spec's compare), with "
     "that step's name.",
     "samples/s: global batch / mean iteration time.",
@@ -133,16 +136,20 @@ def in_words(effects: pd.DataFrame, level: float) -> list[str]:
     speedups = effects[effects["metric"] == "speedup"]
     if speedups.empty:
         return []
-    lines = [f"Speedups at {level:.0%} confidence, paired by repetition (a scheme against the baseline, a "
-             "step against the step it adds to):", ""]
+    lines = [f"Speedups at {level:.0%} confidence, paired by repetition where the two schemes' flows took the "
+             "same placement, else as two samples (unpaired, with each side's runs), a scheme against the "
+             "baseline, a step against the step it adds to:", ""]
     for mode, rows in speedups.groupby("mode", sort=False):
         parts = {"significant": [], "not significant": [], "not judged": []}
         for row in rows.itertuples(index=False):
             verdict = row.verdict if row.verdict in parts else "not judged"
             faster = "faster" if row.estimate > 1 else "slower"
+            notes = [faster] if verdict == "significant" else []
+            if getattr(row, "design", "paired") == "unpaired":
+                notes.append(f"unpaired, {row.runs_against:.0f} and {row.runs_scheme:.0f} runs")
             parts[verdict].append(f"{_scheme_name(row.scheme)} vs {_scheme_name(row.against)} "
                                   f"{describe(pd.Series(row._asdict()))}"
-                                  + (f" ({faster})" if verdict == "significant" else ""))
+                                  + (f" ({', '.join(notes)})" if notes else ""))
         for verdict, items in parts.items():
             if items:
                 lines.append(f"- {mode}, {verdict}: " + "; ".join(items) + ".")

@@ -18,7 +18,7 @@ from common import schema
 from common.schema import show
 from experiments.columns import CONFIG_COLUMNS, RESERVED_COLUMNS
 from experiments.spec.errors import SpecError, not_allowed
-from experiments.spec.schema import CONFIG_KEYS, HEADER_KEYS, LABEL_PATTERN
+from experiments.spec.schema import CONFIG_KEYS, HEADER_KEYS, LABEL_PATTERN, MAX_REPETITIONS
 
 AXIS_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # The matrix is sized before it is expanded.
@@ -54,6 +54,7 @@ class Selector:
 class Include:
     where: Selector
     overrides: dict[str, Any]
+    repetitions: int | None = None  # the points it matches run this many repetitions, not the spec's
 
 
 def label_of(value: Any) -> str:
@@ -175,13 +176,19 @@ def parse_selector(path: str, raw: Any, axes: list[Axis]) -> Selector:
 
 
 def parse_include(path: str, raw: Any, axes: list[Axis]) -> Include:
-    _check_keys(path, raw, ["where", "set"], "a mapping with where and set")
-    overrides = raw.get("set")
-    if not isinstance(overrides, dict) or not overrides:
+    _check_keys(path, raw, ["where", "set", "repetitions"], "a mapping with where and set, repetitions or both")
+    if "set" not in raw and "repetitions" not in raw:
+        raise not_allowed(path, raw, "a mapping with where and set, repetitions or both")
+    overrides = raw.get("set", {})
+    if not isinstance(overrides, dict) or ("set" in raw and not overrides):
         raise not_allowed(f"{path}.set", overrides, "a mapping of dotted fields to values, e.g. "
                           "{job.ps_slice_bytes: 65536}")
     for key in overrides:
         if str(key).split(".")[0] in HEADER_KEYS:
             raise not_allowed(f"{path}.set", key, "fields of " + ", ".join(CONFIG_KEYS))
-    return Include(parse_selector(f"{path}.where", raw.get("where"), axes), {str(k): v for k, v in overrides.items()})
-
+    repetitions = raw.get("repetitions")
+    if repetitions is not None and (isinstance(repetitions, bool) or not isinstance(repetitions, int)
+                                    or not 1 <= repetitions <= MAX_REPETITIONS):
+        raise not_allowed(f"{path}.repetitions", repetitions, f"an integer 1..{MAX_REPETITIONS}")
+    return Include(parse_selector(f"{path}.where", raw.get("where"), axes), {str(k): v for k, v in overrides.items()},
+                   repetitions)

@@ -173,7 +173,11 @@ def parse_spec(document: Any, sets: list[str] = ()) -> Spec:
     if not points:
         raise not_allowed("exclude", header.exclude, "points that leave some to run")
     resolved = []
+    repetitions: dict[tuple[str, ...], int] = {}
     for point in points:
+        chosen = [include.repetitions for include in includes
+                  if include.repetitions is not None and include.where.matches(point)]
+        repetitions[tuple(point.values())] = max(chosen, default=header.repetitions)
         overrides = [(str(key), value) for axis in axes for key, value in axis.values[point[axis.name]].items()]
         overrides += [(key, value) for include in includes if include.where.matches(point)
                       for key, value in include.overrides.items()]
@@ -192,16 +196,21 @@ def parse_spec(document: Any, sets: list[str] = ()) -> Spec:
     # Repetitions outermost: each scheme is measured once before any is measured again,
     # so slow drift of the host affects every scheme alike. Seeds differ per repetition
     # and are equal across schemes, making repetitions paired comparisons.
+    if sum(repetitions.values()) > MAX_RUNS:
+        raise not_allowed("include", header.include, f"repetitions that keep to at most {MAX_RUNS} runs in all "
+                          f"({sum(repetitions.values())} asked)")
     runs = []
     for point, config in resolved:
+        count = repetitions[tuple(point.values())]
         for entry in config.jobs or [config.job]:
-            if entry.seed + header.repetitions - 1 > U32:
+            if entry.seed + count - 1 > U32:
                 field = f"jobs.{config.jobs.index(entry)}.seed" if config.jobs else "job.seed"
-                raise not_allowed(field, entry.seed, f"at most {U32 + 1 - header.repetitions} with "
-                                  f"{header.repetitions} repetitions: seeds grow by one per repetition up to "
+                raise not_allowed(field, entry.seed, f"at most {U32 + 1 - count} with "
+                                  f"{count} repetitions: seeds grow by one per repetition up to "
                                   "2**32 - 1")
-    for rep in range(1, header.repetitions + 1):
-        repeated = [(point, _with_rep_seeds(config, rep)) for point, config in resolved]
+    for rep in range(1, max(repetitions.values()) + 1):
+        repeated = [(point, _with_rep_seeds(config, rep)) for point, config in resolved
+                    if repetitions[tuple(point.values())] >= rep]
         # each job of several alone first, once per distinct config: the reference of its slowdown
         alone: dict[str, str] = {}
         for _, config in repeated:

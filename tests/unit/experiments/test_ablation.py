@@ -1,6 +1,7 @@
 """Comparisons that change one thing: knobs that change nothing are refused, the matrix's include,
 exclude and compare, and the shipped ablations' steps each differ from the one they are measured
 against in one mechanism."""
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -42,8 +43,8 @@ def test_no_shipped_scheme_sets_a_knob_that_changes_nothing(path):
         reference = spec.reference(run.axes)
         if reference is None:
             continue
-        other = next(r for r in spec.runs if r.rep == run.rep and r.axes == reference)
-        if run.config != other.config:
+        other = next((r for r in spec.runs if r.rep == run.rep and r.axes == reference), None)
+        if other is None or run.config != other.config:
             continue
         assert run.axes[spec.baseline[0]] != reference[spec.baseline[0]]
         assert not any(spec.header.matrix[spec.baseline[0]]["values"][run.axes[spec.baseline[0]]] or {}), \
@@ -127,7 +128,15 @@ def test_a_step_whose_reference_is_excluded_is_measured_against_that_step_s_own(
     (lambda d: d["exclude"].append({"scheme": "bass"}), r"exclude\.1\.scheme: 'bass' is not allowed \(a label of"),
     (lambda d: d["exclude"].append({"mode": ["allreduce", "ps"]}),
      r"exclude: .* is not allowed \(points that leave some to run\)"),
-    (lambda d: d["include"].append({"where": {"mode": "ps"}}), r"include\.1\.set: null is not allowed"),
+    (lambda d: d["include"].append({"where": {"mode": "ps"}}),
+     r"include\.1: \{where: \{mode: ps\}\} is not allowed \(a mapping with where and set, repetitions or both\)"),
+    (lambda d: d["include"].append({"where": {"mode": "ps"}, "set": {}}), r"include\.1\.set: \{\} is not allowed"),
+    (lambda d: d["include"].append({"where": {"mode": "ps"}, "repetitions": 0}),
+     r"include\.1\.repetitions: 0 is not allowed \(an integer 1\.\.100\)"),
+    (lambda d: d["include"].append({"where": {"mode": "ps"}, "repetitions": True}),
+     r"include\.1\.repetitions: true is not allowed"),
+    (lambda d: d["include"].append({"where": {"mode": "ps"}, "repetitions": 2000}),
+     r"include\.1\.repetitions: 2000 is not allowed"),
     (lambda d: d["include"].append({"where": {"mode": "ps"}, "set": {"repetitions": 3}}),
      r"include\.1\.set: 'repetitions' is not allowed \(fields of "),
     (lambda d: d.update(confidence=1), r"confidence: 1 is not allowed \(a level between 0 and 1"),
@@ -161,7 +170,7 @@ def test_effects_give_each_step_its_interval_and_the_summary_says_it_in_words():
                    & (table["metric"] == "speedup")]
     assert list(sliced["mode"]) == ["ps"] and sliced.iloc[0]["verdict"] == "not significant"
     lines = in_words(table, spec.header.confidence)
-    assert lines[0].startswith("Speedups at 95% confidence, paired by repetition")
+    assert lines[0].startswith("Speedups at 95% confidence, paired by repetition where the two schemes' flows")
     ps = [line for line in lines if line.startswith("- ps, ")]
     assert ps[0].startswith("- ps, significant: spray vs base 2x [") and "spray vs mlt 1.91x [1.81, 2.02]" in ps[0]
     assert ps[1].startswith("- ps, not significant: mlt vs base 1.05x [") and "sliced vs spray 1x [" in ps[1]
@@ -186,3 +195,54 @@ def test_placement_explains_what_varies_between_its_classes():
     alike = runs.assign(max_flows_per_uplink=1)
     assert placement_share(alike).iloc[0]["classes"] == "1 flows: 6 run(s), 1.5 s"
     assert pd.isna(placement_share(alike).iloc[0]["placement_share"])
+
+
+def test_include_repetitions_gives_its_points_more_runs_with_the_next_seeds():
+    document = yaml.safe_load(LADDER)
+    document["include"].append({"where": {"scheme": "base"}, "repetitions": 4})
+    spec = parse_spec(document)
+    base = sorted((run.rep, run.job.seed) for run in spec.runs if run.axes == {"scheme": "base", "mode": "ps"})
+    mlt = sorted((run.rep, run.job.seed) for run in spec.runs if run.axes == {"scheme": "mlt", "mode": "ps"})
+    assert base == [(1, 0), (2, 1), (3, 2), (4, 3)] and mlt == [(1, 0), (2, 1)]
+    assert len(spec.runs) == 7 * 2 + 2 * 2
+    # repetitions outermost still: every point's repetition 2 before any repetition 3
+    assert max(run.index for run in spec.runs if run.rep == 2) < min(run.index for run in spec.runs if run.rep == 3)
+    again = parse_spec(yaml.safe_load(yaml.safe_dump(spec.resolved_document(), sort_keys=False)))
+    assert again.runs == spec.runs
+
+
+def _placed_runs(spec, times: dict[str, list[float]], placement: dict[str, list[str]]) -> pd.DataFrame:
+    runs = _runs(spec, times)
+    by_id = {run.run_id: placement[run.axes["scheme"]][run.rep - 1] for run in spec.runs}
+    return runs.assign(placement=runs["run_id"].map(by_id))
+
+
+def test_schemes_on_the_same_placement_are_paired_and_on_others_compared_as_two_samples():
+    document = yaml.safe_load(LADDER)
+    document["include"].append({"where": {"scheme": "base"}, "repetitions": 6})
+    spec = parse_spec(document)
+    # base's time is its placement's (1 or 2 s); mlt sends other 5-tuples, spray sprays the job
+    base_placement = ["a", "b", "a", "b", "b", "a"]
+    times = {"base": [1.0, 2.0, 1.02, 1.98, 2.02, 0.98], "mlt": [0.9, 1.1], "spray": [0.5, 0.505],
+             "sliced": [0.5, 0.5]}
+    placement = {"base": base_placement, "mlt": ["c", "d"], "spray": ["", ""], "sliced": ["", ""]}
+    table = effects(_placed_runs(spec, times, placement), spec)
+    speed = table[(table["metric"] == "speedup") & (table["mode"] == "ps")].set_index(["scheme", "comparison"])
+    spray = speed.loc[("scheme=spray", "baseline")]
+    assert spray["design"] == "unpaired" and (spray["runs_against"], spray["runs_scheme"]) == (6, 2)
+    geometric = float(np.exp(np.mean(np.log(times["base"])) - np.mean(np.log(times["spray"]))))
+    assert spray["estimate"] == pytest.approx(geometric) and spray["significant"]
+    sliced = speed.loc[("scheme=sliced", "step")]  # same (no) placement as spray: paired
+    assert sliced["design"] == "paired" and sliced["pairs"] == 2
+    accuracy = table[(table["metric"] == "accuracy_delta_pt") & (table["scheme"] == "scheme=spray")
+                     & (table["comparison"] == "baseline") & (table["mode"] == "ps")]
+    assert accuracy.iloc[0]["design"] == "paired" and accuracy.iloc[0]["pairs"] == 2
+
+
+def test_without_placements_every_comparison_stays_paired():
+    document = yaml.safe_load(LADDER)
+    document["include"].append({"where": {"scheme": "base"}, "repetitions": 3})
+    spec = parse_spec(document)
+    times = {"base": [2.0, 2.4, 2.2], "mlt": [1.9, 2.3], "spray": [1.0, 1.2], "sliced": [0.99, 1.21]}
+    table = effects(_runs(spec, times), spec)
+    assert set(table["design"]) == {"paired"} and set(table["pairs"]) == {2}

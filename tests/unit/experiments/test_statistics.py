@@ -1,11 +1,11 @@
-"""Paired intervals: their coverage on synthetic runs, and their verdicts."""
+"""Paired and unpaired intervals: their coverage on synthetic runs, and their verdicts."""
 import math
 
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from experiments.statistics import check_level, paired_difference, paired_ratio
+from experiments.statistics import check_level, paired_difference, paired_ratio, unpaired_ratio
 
 DRAWS = 2000
 
@@ -78,3 +78,35 @@ def test_the_estimate_is_the_geometric_mean_ratio(speedup, placements):
 def test_a_level_outside_zero_one_is_refused(level):
     with pytest.raises(ValueError, match=r"^confidence: .* is not allowed \(a level between 0 and 1"):
         check_level(level)
+
+
+@pytest.mark.parametrize("runs_before,runs_after,sd_before,sd_after", [
+    (8, 3, 0.43, 0.02),   # a baseline spread by its placements against a sprayed scheme
+    (6, 3, 0.04, 0.03),
+    (3, 3, 0.1, 0.1),
+])
+def test_the_unpaired_ratio_interval_covers_at_its_level(runs_before, runs_after, sd_before, sd_after):
+    rng = np.random.default_rng(runs_before * 10 + runs_after)
+    hits = 0
+    for _ in range(DRAWS):
+        before = 2.0 * np.exp(rng.normal(0, sd_before, runs_before))
+        after = 2.0 / 1.8 * np.exp(rng.normal(0, sd_after, runs_after))
+        effect = unpaired_ratio(before, after)
+        hits += effect.low <= 1.8 <= effect.high
+    assert hits / DRAWS == pytest.approx(0.95, abs=0.03)
+
+
+def test_more_runs_of_the_spread_side_narrow_the_unpaired_interval():
+    rng = np.random.default_rng(3)
+    before = 2.0 * np.exp(rng.normal(0, 0.4, 12))
+    after = np.full(3, 1.0) * np.exp(rng.normal(0, 0.01, 3))
+    few, many = unpaired_ratio(before[:3], after), unpaired_ratio(before, after)
+    assert many.high / many.low < few.high / few.low
+    assert many.design == "unpaired" and many.runs == (12, 3) and many.pairs == 3
+
+
+def test_an_unpaired_side_of_one_run_gives_no_interval():
+    effect = unpaired_ratio([2.0, 2.2, math.nan], [1.0])
+    assert effect.estimate == pytest.approx(math.sqrt(4.4)) and not effect.judged
+    assert effect.verdict() == "not judged (one run of a side)"
+    assert unpaired_ratio([], [1.0]).verdict() == "no runs"
