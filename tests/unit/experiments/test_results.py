@@ -156,7 +156,8 @@ def test_runs_csv_has_exactly_the_contract_columns(runs):
         "time_to_accuracy_s", "bytes_sent", "lower_bound_s", "tight_bound_s", "compute_s", "comm_s",
         "tictac_efficiency", "straggler_s", "delivered_fraction_reduce", "delivered_fraction_gather",
         "replica_divergence", "speedup_vs_baseline",
-        "uplink_imbalance", "max_flows_per_uplink", "placement", "cpu_util_mean", "vswitchd_thread_util_mean", "link_rate_frac",
+        "uplink_imbalance", "max_flows_per_uplink", "placement", "cpu_util_mean", "vswitchd_thread_util_mean",
+        "link_rate_frac",
         "class_queue_drops_pkts", "outside_queue_drops_pkts", "app_lag_ms_p99", "fidelity_ok",
         "fidelity_reason", "alone_iter_time_s", "slowdown_vs_alone", "jct_s", "compute_util", "faults", "data_gaps"]
     assert len(runs) == 8
