@@ -15,6 +15,7 @@ machine, not the network.
 """
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from experiments.spec import Spec
@@ -105,22 +106,37 @@ def describe(effect: pd.Series) -> str:
 
 
 def placement_share(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per mode and scheme, how much of the runs' iteration-time variance their placement explains:
-    the runs grouped by the most flows per-flow ECMP put on one uplink (runs.csv's
-    max_flows_per_uplink, measured before each run), the share of the sum of squares between the
-    groups (eta squared; the rest is run-to-run), and each group's runs and mean."""
-    columns = ["mode", "scheme", "runs", "classes", "placement_share"]
-    known = runs.dropna(subset=["iter_time_mean_s", "max_flows_per_uplink"])
+    """Per mode and scheme, how much of the runs' iteration-time variance their placement explains.
+    The runs are grouped by their measured placement (runs.csv's `placement`: the same 5-tuples on
+    the same uplinks; where a table has none, by the most flows ECMP put on one uplink) and their log
+    iteration times split into the sum of squares between the groups and within them (eta squared:
+    the share between). Runs within a group differ only run to run; with no placement drawn twice
+    the split is not defined (NaN). Columns: runs, classes (each placement, named A, B, ... by first
+    appearance, with its runs and mean time), placement_share, run_sd (the pooled within-placement
+    standard deviation of the log times)."""
+    columns = ["mode", "scheme", "runs", "classes", "placement_share", "run_sd"]
+    by_placement = "placement" in runs and runs["placement"].fillna("").astype(str).ne("").any()
+    key = "placement" if by_placement else "max_flows_per_uplink"
+    known = runs.dropna(subset=["iter_time_mean_s", key])
+    if by_placement:
+        known = known[known["placement"].astype(str).ne("")]
     if "fidelity_ok" in known:
         known = known[known["fidelity_ok"].ne(False)]
     rows = []
     for (mode, scheme), group in known.groupby(["mode", "scheme"], sort=False):
-        times = group["iter_time_mean_s"]
-        total = float(((times - times.mean()) ** 2).sum())
-        by_class = group.groupby("max_flows_per_uplink")["iter_time_mean_s"]
-        between = float((by_class.count() * (by_class.mean() - times.mean()) ** 2).sum())
-        classes = "; ".join(f"{int(flows)} flows: {count} run(s), {mean:.3g} s"
-                            for flows, count, mean in zip(by_class.mean().index, by_class.count(), by_class.mean()))
-        share = between / total if total > 0 and by_class.ngroups > 1 else float("nan")
-        rows.append([mode, scheme, len(group), classes, share])
+        logs = np.log(group["iter_time_mean_s"].astype(float))
+        total = float(((logs - logs.mean()) ** 2).sum())
+        classes = group[key].astype(str) if by_placement else group[key]
+        by_class = logs.groupby(classes.to_numpy(), sort=not by_placement)
+        within = float(sum(((values - values.mean()) ** 2).sum() for _, values in by_class))
+        within_df = int(sum(len(values) - 1 for _, values in by_class))
+        times = group["iter_time_mean_s"].groupby(classes.to_numpy(), sort=not by_placement)
+        names = ([chr(ord("A") + i) if i < 26 else f"P{i}" for i in range(by_class.ngroups)] if by_placement
+                 else [f"{int(flows)} flows" for flows in times.mean().index])
+        text = "; ".join(f"{name}: {count} run(s), {mean:.3g} s"
+                         for name, count, mean in zip(names, times.count(), times.mean()))
+        defined = total > 0 and by_class.ngroups > 1 and within_df > 0
+        share = (total - within) / total if defined else float("nan")
+        run_sd = float(np.sqrt(within / within_df)) if within_df > 0 else float("nan")
+        rows.append([mode, scheme, len(group), text, share, run_sd])
     return pd.DataFrame(rows, columns=columns)

@@ -232,13 +232,15 @@ def _placement(runs: pd.DataFrame) -> list[str]:
     shares = shares[shares["classes"].str.contains(";")]  # schemes whose runs drew different placements
     if shares.empty:
         return []
-    rows = [[mode, scheme, str(count), classes, "—" if pd.isna(share) else f"{share:.0%}"]
-            for mode, scheme, count, classes, share in shares.itertuples(index=False)]
-    table = pd.DataFrame(rows, columns=["mode", "scheme", "runs", "by the most flows on one uplink",
-                                        "variance placement explains"])
+    rows = [[mode, scheme, str(count), classes, "—" if pd.isna(share) else f"{share:.0%}",
+             "—" if pd.isna(run_sd) else f"{run_sd:.3f}"]
+            for mode, scheme, count, classes, share, run_sd in shares.itertuples(index=False)]
+    table = pd.DataFrame(rows, columns=["mode", "scheme", "runs", "by placement", "variance placement explains",
+                                        "run-to-run sd (log)"])
     return ["## Placement", "", "Per-flow ECMP's placement of each run's flows, measured before the run "
-            "(emulation/placement.py): the runs grouped by the most flows one uplink carried, and the share "
-            "of the runs' iteration-time variance between those groups.", "", *_markdown(table), ""]
+            "(emulation/placement.py): the runs grouped by placement (A, B, ...: the same flows on the same "
+            "uplinks), the share of the variance of their log iteration times between the placements, and "
+            "the sd within them, run to run (— where no placement ran twice).", "", *_markdown(table), ""]
 
 
 FABRIC_COLUMNS = ["first run", "hosts", "switches", "links", "servers", "crossing links", "build (s)", "start (s)",

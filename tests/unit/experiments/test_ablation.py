@@ -190,11 +190,25 @@ def test_placement_explains_what_varies_between_its_classes():
                          "iter_time_mean_s": [1.0, 1.02, 0.98, 2.0, 2.02, 1.98],
                          "max_flows_per_uplink": [1, 1, 1, 2, 2, 2], "fidelity_ok": [True] * 6})
     (row,) = placement_share(runs).itertuples(index=False)
+    logs = np.log(runs["iter_time_mean_s"])
+    within = sum(((part - part.mean()) ** 2).sum() for part in (logs[:3], logs[3:]))
     assert row.runs == 6 and row.classes == "1 flows: 3 run(s), 1 s; 2 flows: 3 run(s), 2 s"
-    assert row.placement_share == pytest.approx(1.5 / (1.5 + 0.0016), rel=1e-6)
+    assert row.placement_share == pytest.approx(1 - within / ((logs - logs.mean()) ** 2).sum(), rel=1e-9)
+    assert row.run_sd == pytest.approx(np.sqrt(within / 4), rel=1e-9)
     alike = runs.assign(max_flows_per_uplink=1)
     assert placement_share(alike).iloc[0]["classes"] == "1 flows: 6 run(s), 1.5 s"
     assert pd.isna(placement_share(alike).iloc[0]["placement_share"])
+
+
+def test_placement_groups_by_the_measured_placement_and_needs_one_drawn_twice():
+    runs = pd.DataFrame({"mode": ["allreduce"] * 4, "scheme": ["scheme=base"] * 4,
+                         "iter_time_mean_s": [0.6, 1.2, 1.3, 0.62], "max_flows_per_uplink": [3] * 4,
+                         "placement": ["leaf1>spine2: w0", "leaf1>spine1: w0", "leaf1>spine1: w0", "leaf1>spine2: w0"],
+                         "fidelity_ok": [True] * 4})
+    (row,) = placement_share(runs).itertuples(index=False)
+    assert row.classes == "A: 2 run(s), 0.61 s; B: 2 run(s), 1.25 s" and row.placement_share > 0.95
+    once = runs.assign(placement=["a", "b", "c", "d"])
+    assert pd.isna(placement_share(once).iloc[0]["placement_share"])
 
 
 def test_include_repetitions_gives_its_points_more_runs_with_the_next_seeds():
