@@ -45,7 +45,7 @@ def effects(runs: pd.DataFrame, spec: Spec) -> pd.DataFrame:
     axis, baseline = spec.baseline
     trusted = runs[runs["fidelity_ok"].ne(False)]  # a failed run has no times: its pair drops out too
     values = trusted.set_index("run_id")[["iter_time_mean_s", "final_accuracy"]]
-    placed = (runs.set_index("run_id")["placement"].fillna("").astype(str) if "placement" in runs
+    placed = (runs.set_index("run_id")["placement"].astype(object).fillna("").astype(str) if "placement" in runs
               else pd.Series(dtype=str))
     points: dict[tuple, dict[str, str]] = {}
     run_ids: dict[tuple, dict[int, str]] = {}
@@ -109,13 +109,13 @@ def placement_share(runs: pd.DataFrame) -> pd.DataFrame:
     """Per mode and scheme, how much of the runs' iteration-time variance their placement explains.
     The runs are grouped by their measured placement (runs.csv's `placement`: the same 5-tuples on
     the same uplinks; where a table has none, by the most flows ECMP put on one uplink) and their log
-    iteration times split into the sum of squares between the groups and within them (eta squared:
-    the share between). Runs within a group differ only run to run; with no placement drawn twice
-    the split is not defined (NaN). Columns: runs, classes (each placement, named A, B, ... by first
+    iteration times' variance split into components: run to run (pooled within the placements drawn
+    more than once) and the rest, the placements' share. With no placement drawn twice the split
+    is not defined (NaN). Columns: runs, classes (each placement, named A, B, ... by first
     appearance, with its runs and mean time), placement_share, run_sd (the pooled within-placement
     standard deviation of the log times)."""
     columns = ["mode", "scheme", "runs", "classes", "placement_share", "run_sd"]
-    by_placement = "placement" in runs and runs["placement"].fillna("").astype(str).ne("").any()
+    by_placement = "placement" in runs and runs["placement"].astype(object).fillna("").astype(str).ne("").any()
     key = "placement" if by_placement else "max_flows_per_uplink"
     known = runs.dropna(subset=["iter_time_mean_s", key])
     if by_placement:
@@ -135,8 +135,10 @@ def placement_share(runs: pd.DataFrame) -> pd.DataFrame:
                  else [f"{int(flows)} flows" for flows in times.mean().index])
         text = "; ".join(f"{name}: {count} run(s), {mean:.3g} s"
                          for name, count, mean in zip(names, times.count(), times.mean()))
+        # variance components: run to run from the placements drawn more than once, the rest of
+        # the runs' variance is the placements' (a placement drawn once adds nothing to `within`)
         defined = total > 0 and by_class.ngroups > 1 and within_df > 0
-        share = (total - within) / total if defined else float("nan")
+        share = max(0.0, 1 - (within / within_df) / (total / (len(logs) - 1))) if defined else float("nan")
         run_sd = float(np.sqrt(within / within_df)) if within_df > 0 else float("nan")
         rows.append([mode, scheme, len(group), text, share, run_sd])
     return pd.DataFrame(rows, columns=columns)

@@ -15,7 +15,7 @@ from experiments.fidelity import (APP_LAG_P99_MS_LIMIT, CPU_LIMIT, LINK_RATE_MIN
 from experiments.effects import describe, placement_share
 from experiments.metrics import per_run
 from experiments.results import Damaged, one_line, read_json_object, read_run_record, read_tables, real_folder
-from experiments.spec import Spec, load_spec
+from experiments.spec import Spec, load_spec, scheme_of
 from common.files import write_text
 
 COLUMNS = ["scheme", "iter time (s)", "speedup", "step", "samples/s", "final acc", "acc delta", "time-to-acc (s)",
@@ -217,7 +217,7 @@ def render(out_dir: str | Path) -> str:
             notes.append(f"- {run.run_id}: survived faults: {run.faults}")
         if isinstance(run.data_gaps, str) and run.data_gaps:
             notes.append(f"- {run.run_id}: metrics left empty: {run.data_gaps}")
-    lines += _placement(runs)
+    lines += _placement(runs, spec)
     if (Path(out_dir) / "multijob.csv").exists():
         lines += multijob.summary_lines(pd.read_csv(Path(out_dir) / "multijob.csv"), runs)
     if notes:  # a run of several jobs has a row per job, its notes once
@@ -225,9 +225,13 @@ def render(out_dir: str | Path) -> str:
     return "\n".join(lines + _fabrics(Path(out_dir)))
 
 
-def _placement(runs: pd.DataFrame) -> list[str]:
+def _placement(runs: pd.DataFrame, spec: Spec) -> list[str]:
     """A table of how the measured ECMP placements grouped each scheme's runs and how much of their
-    iteration times' variance the placement explains (the rest is run-to-run)."""
+    iteration times' variance the placement explains (the rest is run-to-run). Schemes that run the
+    same configuration (a control and its baseline) are one row: each repetition's placement is then
+    drawn twice, which is what tells placement from run-to-run noise."""
+    alike = _alike_schemes(spec)
+    runs = runs.assign(scheme=[alike.get((mode, scheme), scheme) for mode, scheme in zip(runs["mode"], runs["scheme"])])
     shares = placement_share(runs)
     shares = shares[shares["classes"].str.contains(";")]  # schemes whose runs drew different placements
     if shares.empty:
@@ -239,8 +243,27 @@ def _placement(runs: pd.DataFrame) -> list[str]:
                                         "run-to-run sd (log)"])
     return ["## Placement", "", "Per-flow ECMP's placement of each run's flows, measured before the run "
             "(emulation/placement.py): the runs grouped by placement (A, B, ...: the same flows on the same "
-            "uplinks), the share of the variance of their log iteration times between the placements, and "
-            "the sd within them, run to run (— where no placement ran twice).", "", *_markdown(table), ""]
+            "uplinks; schemes that run one configuration together), the run-to-run sd of their log iteration "
+            "times within the placements drawn more than once, and the share of the runs' variance that is "
+            "the placements' beyond it (— where no placement ran twice).", "", *_markdown(table), ""]
+
+
+def _alike_schemes(spec: Spec) -> dict[tuple[str, str], str]:
+    """(mode, scheme) -> the schemes that run its configuration in that mode, joined
+    ("scheme=baseline+control"), for the schemes that share theirs with another (repetition 1)."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for run in spec.runs:
+        if run.rep == 1 and not run.alone:
+            scheme = scheme_of(run.run_id)
+            names = groups.setdefault((run.job.mode, repr(run.config)), [])
+            if scheme not in names:
+                names.append(scheme)
+    joined = {}
+    for (mode, _), names in groups.items():
+        if len(names) > 1:
+            label = names[0] + "".join("+" + name.split("=", 1)[-1] for name in names[1:])
+            joined.update({(mode, name): label for name in names})
+    return joined
 
 
 FABRIC_COLUMNS = ["first run", "hosts", "switches", "links", "servers", "crossing links", "build (s)", "start (s)",

@@ -193,7 +193,7 @@ def test_placement_explains_what_varies_between_its_classes():
     logs = np.log(runs["iter_time_mean_s"])
     within = sum(((part - part.mean()) ** 2).sum() for part in (logs[:3], logs[3:]))
     assert row.runs == 6 and row.classes == "1 flows: 3 run(s), 1 s; 2 flows: 3 run(s), 2 s"
-    assert row.placement_share == pytest.approx(1 - within / ((logs - logs.mean()) ** 2).sum(), rel=1e-9)
+    assert row.placement_share == pytest.approx(1 - (within / 4) / logs.var(ddof=1), rel=1e-9)
     assert row.run_sd == pytest.approx(np.sqrt(within / 4), rel=1e-9)
     alike = runs.assign(max_flows_per_uplink=1)
     assert placement_share(alike).iloc[0]["classes"] == "1 flows: 6 run(s), 1.5 s"
