@@ -9,12 +9,13 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from experiments import results
+from experiments import multijob, results
 from experiments.__main__ import run_list
 from experiments.plan import plan_text
 from experiments.plots import plot_all
 from experiments.runplan import dry_run, job_tag, plan_jobs
 from experiments.spec import SpecError, alone_runs, parse_spec
+from experiments.statistics import paired_ratio
 from experiments.summary import write_summary
 from hostapps.config import config_from_args, process_arguments
 from unit.experiments.test_results import START, write_network_records
@@ -192,5 +193,58 @@ def test_multijob_csv_has_completion_times_and_utilization_against_fair(out):
 def test_the_summary_and_the_plots_show_the_jobs_apart(out):
     text = write_summary(out)
     assert "## Jobs sharing the fabric" in text
-    assert "| sharing=timeshift | 1.00x | 1.25x | 2.10 | 2.10 | 38.1% | 1.19x | 1.19x | +19.0% |" in text
+    # the same gain in both repetitions: a zero-width interval that excludes no gain
+    assert ("| sharing=timeshift | 1.00x | 1.25x | 2.10 | 2.10 | 38.1% | 1.19x [1.19, 1.19] | 1.19x [1.19, 1.19] "
+            "| +19.0% [+19.0%, +19.0%] |") in text
+    assert "| sharing=fair | 1.20x | 1.50x | 2.50 | 2.50 | 32.0% | — | — | — |" in text
     assert (out / "plots" / "job_iteration_time.png") in plot_all(out)
+
+
+# -- gains with their intervals, on synthetic rows ------------------------------------------------
+def synthetic_runs(spec, fair: list[float], timeshift: list[float], failed: str = "") -> pd.DataFrame:
+    """runs.csv rows of the spec's runs of both jobs: each job's completion time per repetition
+    (fair's and timeshift's, the intensity runs as fair's); one worker each computing 1 s."""
+    rows = []
+    for run in spec.runs:
+        if not run.config.jobs:
+            continue
+        jct = {"fair": fair, "timeshift": timeshift}.get(run.axes["sharing"], fair)[run.rep - 1]
+        for name in run.job_names:
+            rows.append({"run_id": run.run_id, "job": name, "workers": 1, "jct_s": jct, "compute_util": 1 / jct,
+                         "slowdown_vs_alone": 1.0, "fidelity_ok": run.run_id != failed})
+    return pd.DataFrame(rows)
+
+
+def test_each_gain_has_its_paired_interval_by_repetition():
+    spec = parse_spec({**SPEC, "repetitions": 3})
+    fair, shifted = [10.0, 12.0, 11.0], [8.0, 9.0, 9.5]
+    table = multijob.runs_table(synthetic_runs(spec, fair, shifted), spec)
+    row = table[table["run_id"] == "sharing=timeshift,rep=2"].iloc[0]
+    expected = paired_ratio(fair, shifted)
+    assert row["jct_mean_gain"] == pytest.approx(12 / 9)  # the run's own point gain
+    assert (row["jct_mean_gain_paired"], row["jct_mean_gain_low"], row["jct_mean_gain_high"]) == pytest.approx(
+        (expected.estimate, expected.low, expected.high))
+    assert expected.low > 1  # the pairs agree: significant
+    utilization = paired_ratio([1 / t for t in shifted], [1 / t for t in fair])
+    assert row["util_gain_low"] == pytest.approx(utilization.low - 1)
+    assert row["util_gain_paired"] == pytest.approx(expected.estimate - 1)  # one worker a job: util = 1 / JCT
+    assert table[table["scheme"] == "sharing=fair"]["jct_mean_gain_paired"].isna().all()
+    assert multijob._gain_cell(row, "jct_mean_gain") == (
+        f"{expected.estimate:.2f}x [{expected.low:.2f}, {expected.high:.2f}]")
+    assert multijob._gain_cell(row, "util_gain").startswith(f"{expected.estimate - 1:+.1%} [")
+
+
+def test_a_gain_whose_interval_holds_none_is_marked_and_an_untrusted_run_leaves_its_pair_out():
+    spec = parse_spec({**SPEC, "repetitions": 3})
+    noisy = multijob.runs_table(synthetic_runs(spec, [10.0, 12.0, 11.0], [8.0, 13.0, 11.5]), spec)
+    row = noisy[noisy["scheme"] == "sharing=timeshift"].iloc[0]
+    assert row["jct_mean_gain_low"] < 1 < row["jct_mean_gain_high"]
+    assert multijob._gain_cell(row, "jct_mean_gain").endswith(" n.s.")
+    assert multijob._gain_cell(row, "util_gain").endswith(" n.s.")
+    guarded = multijob.runs_table(synthetic_runs(spec, [10.0, 12.0, 11.0], [8.0, 13.0, 9.0],
+                                                 failed="sharing=fair,rep=2"), spec)
+    row = guarded[guarded["run_id"] == "sharing=timeshift,rep=2"].iloc[0]
+    expected = paired_ratio([10.0, 11.0], [8.0, 9.0])
+    assert row["jct_mean_gain"] == pytest.approx(12 / 13)  # its point gain stays
+    assert row["jct_mean_gain_paired"] == pytest.approx(expected.estimate)
+    assert row["jct_mean_gain_low"] == pytest.approx(expected.low)
