@@ -24,6 +24,7 @@ from typing import Callable
 
 import pandas as pd
 
+from experiments import metrics
 from experiments.spec import ALONE, Spec
 from experiments.statistics import Effect, paired_ratio
 
@@ -44,6 +45,27 @@ def job_row(iterations: pd.DataFrame, arrival_s: float | None) -> dict[str, floa
     count = workers["rank"].nunique()
     compute = float(workers["compute_s"].sum())
     return {"jct_s": jct, "compute_util": compute / (count * jct) if jct > 0 else math.nan}
+
+
+def measured_timing(iterations: pd.DataFrame, tensors: pd.DataFrame) -> dict[str, float] | None:
+    """A job's iteration as its run alone measured it, what the time-shift policy places (the job
+    document's period_ms, comm_ms, comm_start_ms): the mean steady iteration time, the mean time
+    any of a worker's transfers of an iteration was in flight, and the mean time from a worker's
+    iteration start to its first transfer; None without steady iterations or transfers."""
+    period = metrics.iteration_times_s(iterations).mean()
+    comm = metrics.comm_time_s(tensors)
+    workers = iterations[iterations["role"] == "worker"]
+    sent = tensors[tensors["role"] == "worker"]
+    if sent.empty or workers.empty or not (period > 0) or math.isnan(comm):
+        return None
+    first = sent.groupby(["rank", "iteration"])["start_s"].min()
+    starts = workers.set_index(["rank", "iteration"])["start_s"]
+    steady = first.index.get_level_values("iteration") > workers["iteration"].min()
+    lead = (first[steady] - starts.reindex(first[steady].index)).dropna()
+    if lead.empty:
+        return None
+    return {"period_ms": round(period * 1000, 3), "comm_ms": round(comm * 1000, 3),
+            "comm_start_ms": round(max(0.0, float(lead.mean())) * 1000, 3)}
 
 
 def with_alone(runs: pd.DataFrame, alone: dict[tuple[str, str], str]) -> pd.DataFrame:

@@ -248,3 +248,15 @@ def test_a_gain_whose_interval_holds_none_is_marked_and_an_untrusted_run_leaves_
     assert row["jct_mean_gain"] == pytest.approx(12 / 13)  # its point gain stays
     assert row["jct_mean_gain_paired"] == pytest.approx(expected.estimate)
     assert row["jct_mean_gain_low"] == pytest.approx(expected.low)
+
+
+def test_the_time_shift_places_each_job_as_its_run_alone_measured_it():
+    # two workers, 0.5 s iterations; each communicates 0.1 s after its iteration starts, for 0.3 s
+    iterations = pd.DataFrame([{"role": "worker", "rank": rank, "iteration": i, "start_s": 100 + 0.5 * i,
+                                "end_s": 100.5 + 0.5 * i} for rank in (0, 1) for i in range(5)])
+    tensors = pd.DataFrame([{"role": "worker", "rank": rank, "iteration": i, "start_s": 100.1 + 0.5 * i + part,
+                             "end_s": 100.25 + 0.5 * i + part} for rank in (0, 1) for i in range(5)
+                            for part in (0.0, 0.15)])
+    assert multijob.measured_timing(iterations, tensors) == pytest.approx(
+        {"period_ms": 500.0, "comm_ms": 300.0, "comm_start_ms": 100.0})
+    assert multijob.measured_timing(iterations, tensors.iloc[:0]) is None
