@@ -77,6 +77,7 @@ class JobProcess:
     stdout: Path
     stderr: Path
     tag: int = 0
+    job: str = ""  # its job's name in a run of several
 
 
 def run_experiment(spec: Spec, out_dir: Path, resume: bool, live_port: int | None = None) -> int:
@@ -483,20 +484,29 @@ def launch_job(fab: Fabric, out: Path, plan: RunPlan, layer_dscp: dict[int, int]
                                       pace=pace_s)
             argv = [sys.executable, "-m", "hostapps", role, *process_arguments(cfg)]
             popen = fab.popen(host, argv, cwd=REPO, stdout=out_file, stderr=err_file)
-        processes.append(JobProcess(directory.name, host, popen, stdout, stderr, tag))
+        processes.append(JobProcess(directory.name, host, popen, stdout, stderr, tag, plan.name))
     return processes
 
 
 def wait_job(processes: list[JobProcess], progress: Progress, watch: Callable[[], None]) -> str:
     """Wait for the job; '' when every process exited 0, else what went wrong first. The rank-0
-    worker's stdout (one line per finished iteration) drives the progress display; `watch` is
-    called at every poll (the controller watch)."""
-    rank0 = next(process for process in processes if process.name.endswith("-worker0"))
+    worker's stdout (one line per finished iteration) drives the progress display (the first job's;
+    with several jobs, each job's for the live view); `watch` is called at every poll (the
+    controller watch)."""
+    firsts: dict[str, JobProcess] = {}
+    for process in processes:
+        if process.name.endswith("-worker0"):
+            firsts.setdefault(process.job, process)
+    hosts = {job: list(dict.fromkeys(process.host for process in processes if process.job == job)) for job in firsts}
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while True:
         watch()
-        ends = [float(end) for end in ITERATION_LINE.findall(rank0.stdout.read_text())]
-        progress.iteration(len(ends), ends)
+        ends = {job: [float(end) for end in ITERATION_LINE.findall(rank0.stdout.read_text())]
+                for job, rank0 in firsts.items()}
+        first = next(iter(ends.values()))
+        progress.iteration(len(first), first)
+        if len(firsts) > 1:
+            progress.job_iterations({job: {"hosts": hosts[job], "ends": job_ends} for job, job_ends in ends.items()})
         codes = [process.popen.poll() for process in processes]
         failed = [(process, code) for process, code in zip(processes, codes) if code]
         if failed:
