@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import defaultdict
 from typing import Callable
 
 import pandas as pd
@@ -66,6 +67,37 @@ def measured_timing(iterations: pd.DataFrame, tensors: pd.DataFrame) -> dict[str
         return None
     return {"period_ms": round(period * 1000, 3), "comm_ms": round(comm * 1000, 3),
             "comm_start_ms": round(max(0.0, float(lead.mean())) * 1000, 3)}
+
+
+JOB_UPLINK_COLUMNS = ["job", "switch", "uplink", "time_s", "bytes"]
+UPLINK_BIN_S = 0.1
+
+
+def job_uplink_bytes(tensors: pd.DataFrame, placement: dict | None, job: str,
+                     bin_s: float = UPLINK_BIN_S) -> pd.DataFrame:
+    """job_uplinks.csv's rows of one job of a run: the bytes of its messages on each leaf uplink,
+    per bin_s from the epoch. The port counters do not tell jobs apart, so a job's share is its own
+    record: each message its processes received (tensors.csv, direction recv) is on the uplink the
+    run's measured ECMP placement put its flow on (run.json's placement: per leaf and spine the
+    flows it carried, named "<job> <sender>-><receiver>"), its bytes spread evenly over its arrival
+    [start, end]. Application bytes, without headers or retransmissions; a flow inside a leaf, or
+    one left to ephemeral ports (not placed), is on no uplink."""
+    where = {what: (switch, uplink) for switch, by_uplink in ((placement or {}).get("uplinks") or {}).items()
+             for uplink, whats in by_uplink.items() for what in whats}
+    binned: dict[tuple[str, str, int], float] = defaultdict(float)
+    received = tensors[tensors["direction"] == "recv"] if "direction" in tensors else tensors.iloc[:0]
+    for row in received.itertuples(index=False):
+        found = where.get(f"{job} {row.peer}->{row.role}{row.rank}")
+        if found is None or not row.bytes > 0:
+            continue
+        start, end = float(row.start_s), max(float(row.start_s), float(row.end_s))
+        for index in range(math.floor(start / bin_s), math.floor(end / bin_s) + 1):
+            share = 1.0 if end == start else (min(end, (index + 1) * bin_s) - max(start, index * bin_s)) / (end - start)
+            if share > 0:
+                binned[(*found, index)] += float(row.bytes) * share
+    return pd.DataFrame([{"job": job, "switch": switch, "uplink": uplink, "time_s": round(index * bin_s, 6),
+                          "bytes": value} for (switch, uplink, index), value in sorted(binned.items())],
+                        columns=JOB_UPLINK_COLUMNS)
 
 
 def with_alone(runs: pd.DataFrame, alone: dict[tuple[str, str], str]) -> pd.DataFrame:

@@ -260,3 +260,38 @@ def test_the_time_shift_places_each_job_as_its_run_alone_measured_it():
     assert multijob.measured_timing(iterations, tensors) == pytest.approx(
         {"period_ms": 500.0, "comm_ms": 300.0, "comm_start_ms": 100.0})
     assert multijob.measured_timing(iterations, tensors.iloc[:0]) is None
+
+
+def test_each_jobs_bytes_go_on_the_uplink_its_flows_were_placed_on():
+    placement = {"uplinks": {"leaf1": {"spine1": ["vgg worker0->worker1"], "spine2": ["bert worker0->server0"]},
+                             "leaf2": {"spine2": ["vgg worker1->worker0"]}}}
+    tensors = pd.DataFrame([
+        # 1000 bytes arriving over 0.2 s from 10.05: 250, 500, 250 in the bins of 10.0, 10.1, 10.2
+        {"role": "worker", "rank": 1, "peer": "worker0", "direction": "recv", "bytes": 1000,
+         "start_s": 10.05, "end_s": 10.25},
+        {"role": "worker", "rank": 0, "peer": "worker1", "direction": "recv", "bytes": 400,
+         "start_s": 10.31, "end_s": 10.31},                            # all at once, on leaf2's spine2
+        {"role": "worker", "rank": 1, "peer": "worker0", "direction": "send", "bytes": 999,
+         "start_s": 10.0, "end_s": 10.1},                              # sends are counted where they arrive
+        {"role": "worker", "rank": 1, "peer": "worker2", "direction": "recv", "bytes": 999,
+         "start_s": 10.0, "end_s": 10.1},                              # a flow not placed: on no uplink
+    ])
+    rows = multijob.job_uplink_bytes(tensors, placement, "vgg")
+    spine1 = rows[rows["uplink"] == "spine1"]
+    assert list(spine1["time_s"]) == pytest.approx([10.0, 10.1, 10.2])
+    assert list(spine1["bytes"]) == pytest.approx([250, 500, 250])
+    assert rows[rows["switch"] == "leaf2"][["time_s", "bytes"]].values.tolist() == [[10.3, 400.0]]
+    assert multijob.job_uplink_bytes(tensors, None, "vgg").empty
+    assert multijob.job_uplink_bytes(tensors, placement, "bert").empty  # bert's own messages: none here
+
+
+def test_the_link_timeline_draws_each_jobs_bytes_per_uplink(tmp_path):
+    from experiments.plots import job_link_utilization
+    uplinks = pd.DataFrame([{"run_id": f"sharing={scheme},rep=1", "scheme": f"sharing={scheme}", "job": job,
+                             "switch": "leaf1", "uplink": "spine1", "time_s": 100 + 0.1 * i, "bytes": 100_000.0}
+                            for scheme in ("fair", "timeshift") for job in ("vgg", "bert") for i in range(10)])
+    links = pd.DataFrame([{"run_id": "sharing=fair,rep=1", "switch": "leaf1", "peer": "spine1", "time_s": 101.0,
+                           "tx_mbps": 16.0, "rate_mbps": 20.0}])
+    path = job_link_utilization({"job_uplinks": uplinks, "links": links}, tmp_path / "job_link_utilization.png")
+    assert path is not None and path.stat().st_size > 0
+    assert job_link_utilization({"job_uplinks": uplinks.iloc[:0], "links": links}, tmp_path / "none.png") is None
