@@ -40,7 +40,11 @@ PERIOD_SLOTS = 200
 MAX_CIRCLE_SLOTS = 20_000
 # A job's pace is its period stretched by this share (room for a shared machine's jitter and for the
 # residual overlap of phases that do not fit apart), then up to the next harmonic of the circle.
-PACE_MARGIN = 0.1
+PACE_MARGIN = 0.05
+# CASSINI's compatibility: jobs whose phases, interleaved on the paced circle, still overlap for more
+# than this share of their communication cannot be kept apart (their communication does not fit the
+# circle); pacing them would only slow the faster ones, so they run free from their offsets.
+COMPATIBLE_OVERLAP = 0.1
 
 
 @dataclass(frozen=True)
@@ -136,10 +140,20 @@ class TimeShift(SharingPolicy):
     name = "timeshift"
 
     def offsets_ms(self, timings: Sequence[JobTiming]) -> dict[str, float]:
-        return interleave(paced(timings))
+        return self.decide(timings)[0]
 
     def paces_ms(self, timings: Sequence[JobTiming]) -> dict[str, float]:
-        return paces(timings)
+        return self.decide(timings)[1]
+
+    @staticmethod
+    def decide(timings: Sequence[JobTiming]) -> tuple[dict[str, float], dict[str, float]]:
+        """Offsets on the paced circle and the paces where the phases fit apart on it (overlapping
+        for at most COMPATIBLE_OVERLAP of their communication); else offsets on the jobs' own
+        periods and no pace."""
+        offsets, overlap = placement(paced(timings))
+        if overlap <= COMPATIBLE_OVERLAP:
+            return offsets, paces(timings)
+        return interleave(timings), {timing.job: 0.0 for timing in timings}
 
 
 def paces(timings: Sequence[JobTiming], margin: float = PACE_MARGIN) -> dict[str, float]:
@@ -169,11 +183,17 @@ def interleave(timings: Sequence[JobTiming]) -> dict[str, float]:
     (ties by id) at offset 0, each next one at the offset within its own period that overlaps least
     with the phases placed so far (the smallest such offset). Every job is taken to share one link
     with every other (the runner's specs share uplinks)."""
+    return placement(timings)[0]
+
+
+def placement(timings: Sequence[JobTiming]) -> tuple[dict[str, float], float]:
+    """`interleave`'s offsets, and the share of the jobs' communication on the circle that still
+    overlaps another job's (0: the phases fit apart)."""
     if not timings:
-        return {}
+        return {}, 0.0
     slot_ms = max(timing.period_ms for timing in timings) / PERIOD_SLOTS
     if slot_ms <= 0:
-        return {timing.job: 0.0 for timing in timings}
+        return {timing.job: 0.0 for timing in timings}, 0.0
     periods = {timing.job: max(1, round(timing.period_ms / slot_ms)) for timing in timings}
     circle = math.lcm(*periods.values())
     if circle > MAX_CIRCLE_SLOTS:
@@ -187,7 +207,8 @@ def interleave(timings: Sequence[JobTiming]) -> dict[str, float]:
         shift = int(np.argmin(overlap[:periods[timing.job]]))
         offsets[timing.job] = shift * slot_ms
         busy += np.roll(phase, shift)
-    return {timing.job: offsets[timing.job] for timing in timings}
+    overlap = float(np.clip(busy - 1, 0, None).sum() / busy.sum()) if busy.sum() else 0.0
+    return {timing.job: offsets[timing.job] for timing in timings}, overlap
 
 
 def _phase(timing: JobTiming, period: int, slot_ms: float, circle: int) -> np.ndarray:
