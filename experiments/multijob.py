@@ -50,22 +50,26 @@ def job_row(iterations: pd.DataFrame, arrival_s: float | None) -> dict[str, floa
 
 def measured_timing(iterations: pd.DataFrame, tensors: pd.DataFrame) -> dict[str, float] | None:
     """A job's iteration as its run alone measured it, what the time-shift policy places (the job
-    document's period_ms, comm_ms, comm_start_ms): the mean steady iteration time, the mean time
-    any of a worker's transfers of an iteration was in flight, and the mean time from a worker's
-    iteration start to its first transfer; None without steady iterations or transfers."""
+    document's period_ms, comm_ms, comm_start_ms): the mean steady iteration time; the arc during
+    which it communicates, from a worker's first transfer of an iteration to its last (the span, not
+    the time some transfer was in flight: a job whose layers' messages trickle through its backward
+    pass holds the link in that whole arc, with gaps too short for another job's phase); and the
+    mean time from a worker's iteration start to its first transfer. None without steady iterations
+    or transfers."""
     period = metrics.iteration_times_s(iterations).mean()
-    comm = metrics.comm_time_s(tensors)
     workers = iterations[iterations["role"] == "worker"]
-    sent = tensors[tensors["role"] == "worker"]
-    if sent.empty or workers.empty or not (period > 0) or math.isnan(comm):
+    transfers = tensors[tensors["role"] == "worker"]
+    if transfers.empty or workers.empty or not (period > 0):
         return None
-    first = sent.groupby(["rank", "iteration"])["start_s"].min()
-    starts = workers.set_index(["rank", "iteration"])["start_s"]
+    by_iteration = transfers.groupby(["rank", "iteration"])
+    first, last = by_iteration["start_s"].min(), by_iteration["end_s"].max()
     steady = first.index.get_level_values("iteration") > workers["iteration"].min()
+    starts = workers.set_index(["rank", "iteration"])["start_s"]
     lead = (first[steady] - starts.reindex(first[steady].index)).dropna()
-    if lead.empty:
+    span = (last[steady] - first[steady]).dropna()
+    if lead.empty or span.empty:
         return None
-    return {"period_ms": round(period * 1000, 3), "comm_ms": round(comm * 1000, 3),
+    return {"period_ms": round(float(period) * 1000, 3), "comm_ms": round(min(float(span.mean()), period) * 1000, 3),
             "comm_start_ms": round(max(0.0, float(lead.mean())) * 1000, 3)}
 
 

@@ -251,12 +251,13 @@ def test_a_gain_whose_interval_holds_none_is_marked_and_an_untrusted_run_leaves_
 
 
 def test_the_time_shift_places_each_job_as_its_run_alone_measured_it():
-    # two workers, 0.5 s iterations; each communicates 0.1 s after its iteration starts, for 0.3 s
+    # two workers, 0.5 s iterations; each communicates from 0.1 s after its iteration starts, two
+    # 0.1 s messages 0.2 s apart: an arc of 0.3 s (though only 0.2 s in flight)
     iterations = pd.DataFrame([{"role": "worker", "rank": rank, "iteration": i, "start_s": 100 + 0.5 * i,
                                 "end_s": 100.5 + 0.5 * i} for rank in (0, 1) for i in range(5)])
     tensors = pd.DataFrame([{"role": "worker", "rank": rank, "iteration": i, "start_s": 100.1 + 0.5 * i + part,
-                             "end_s": 100.25 + 0.5 * i + part} for rank in (0, 1) for i in range(5)
-                            for part in (0.0, 0.15)])
+                             "end_s": 100.2 + 0.5 * i + part} for rank in (0, 1) for i in range(5)
+                            for part in (0.0, 0.2)])
     assert multijob.measured_timing(iterations, tensors) == pytest.approx(
         {"period_ms": 500.0, "comm_ms": 300.0, "comm_start_ms": 100.0})
     assert multijob.measured_timing(iterations, tensors.iloc[:0]) is None
