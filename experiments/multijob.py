@@ -228,7 +228,8 @@ def summary_lines(table: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
              "gains against the baseline's run of the same repetition, paired by repetition: the geometric "
              "mean of the pairs' ratios and its paired Student-t interval at the spec's confidence "
              "(experiments/statistics.py), n.s. where the interval holds no gain; a run that failed the "
-             "fidelity guard leaves its pair out. The other columns are means over the repetitions.", "",
+             "fidelity guard leaves its pair out, and a gain without an interval had one pair left (not "
+             "judged). The other columns are means over the repetitions.", "",
              "| scheme | " + " | ".join(f"slowdown {job}" for job in slowdowns.columns)
              + " | JCT mean (s) | JCT tail (s) | utilization | JCT mean gain | JCT tail gain | utilization gain |",
              "|---" * (7 + len(slowdowns.columns)) + "|"]
