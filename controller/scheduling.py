@@ -101,6 +101,12 @@ class JobDocument:
     comm_ms: float | None = knob(None, f"{MILLISECONDS}: the time one iteration's traffic needs on the job's "
                                  "busiest link (none: the sharing policy estimates it from the layers' bytes)",
                                  is_ms)
+    # The job's iteration as measured (its run alone): the time-shift policy places these, not the
+    # ones modelled from the layer table.
+    period_ms: float | None = knob(None, f"{MILLISECONDS}: the job's measured iteration period (none: "
+                                   "modelled from the layer table and comm_ms)", is_ms)
+    comm_start_ms: float | None = knob(None, f"{MILLISECONDS}: when its communication starts after its "
+                                       "iteration starts, measured (none: after the forward pass)", is_ms)
 
 
 @dataclass(frozen=True)
@@ -126,6 +132,8 @@ class RegisteredJob:
     flows: tuple[JobFlow, ...]
     sharing: str = "fair"
     comm_ms: float | None = None
+    period_ms: float | None = None
+    comm_start_ms: float | None = None
 
 
 # -- policies -------------------------------------------------------------------------------------
@@ -304,7 +312,7 @@ def parse_job(data: object, pace: Callable[[Iterable], Iterable] = iter) -> Regi
     hosts, known = frozenset(document.hosts), frozenset(indices)
     flows = tuple(job_flow(flow, f"flows.{at}", hosts, known) for at, flow in pace(enumerate(document.flows)))
     job = RegisteredJob(document.job, document.policy, tuple(document.hosts), tuple(document.layers), flows,
-                        document.sharing, document.comm_ms)
+                        document.sharing, document.comm_ms, document.period_ms, document.comm_start_ms)
     marks = job_mark_count(job)
     if marks > MAX_MARKS:
         raise SchemaError("flows", f"the job needs {marks} marks (one per host, one per flow or per aligned "
@@ -324,4 +332,5 @@ def describe_job(job: RegisteredJob, shared: Sharing | None = None) -> dict:
                        for layer in job.layers],
             "classes": [f.to_dict() for f in job_flow_classes(job, band)],
             "sharing": job.sharing, "band": list(band), "start_offset_ms": round(shared.offsets_ms[job.job], 3),
+            "pace_ms": round(shared.paces_ms.get(job.job, 0.0), 3),
             "intensity": None if math.isinf(shared.intensity[job.job]) else round(shared.intensity[job.job], 6)}

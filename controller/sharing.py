@@ -11,8 +11,10 @@ offset.
 - `intensity` (after Crux, SIGCOMM'24): jobs ranked by intensity, the compute of an iteration over
   its communication time on its busiest link, the more intense first; the ranking is compressed
   into the five classes, each job a band of its own while there are bands enough;
-- `timeshift` (after CASSINI, NSDI'24): every job the whole band, and start offsets that interleave
-  the jobs' communication phases on the circle of their common period.
+- `timeshift` (after CASSINI, NSDI'24): every job the whole band, a pace per job (its iteration
+  period stretched to a harmonic of one common period, the circle) and start offsets that interleave
+  the jobs' communication phases on that circle; the jobs keep to it by starting iteration i no
+  earlier than their start + i x pace, so a job that drifts ahead waits and the phases stay apart.
 
 Every registered job names the policy (`sharing` of its job document); one policy holds for all of
 them, so a job naming another is refused while others are registered. Adding a policy: subclass
@@ -20,6 +22,7 @@ them, so a job naming another is refused while others are registered. Adding a p
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
@@ -35,17 +38,27 @@ MAX_JOBS = 16  # jobs the controller holds at once
 # longest period is the circle then, and the offsets hold for a few iterations only.
 PERIOD_SLOTS = 200
 MAX_CIRCLE_SLOTS = 20_000
+# A job's pace is its period stretched by this share (room for a shared machine's jitter and for the
+# residual overlap of phases that do not fit apart), then up to the next harmonic of the circle.
+PACE_MARGIN = 0.05
+# CASSINI's compatibility: jobs whose phases, interleaved on the paced circle, still overlap for more
+# than this share of their communication cannot be kept apart (their communication does not fit the
+# circle); pacing them would only slow the faster ones, so they run free from their offsets.
+COMPATIBLE_OVERLAP = 0.1
 
 
 @dataclass(frozen=True)
 class JobTiming:
     """An iteration of a job as sharing sees it: forward, then backward with the communication
     starting with it (the first gradient is ready as the backward pass starts), the next forward
-    waiting for the last parameters: period = forward + max(backward, communication)."""
+    waiting for the last parameters: period = forward + max(backward, communication). A measured
+    period and start of the communication (the job's run alone) replace the modelled ones."""
     job: str
     forward_ms: float
     backward_ms: float
     comm_ms: float
+    measured_period_ms: float | None = None
+    measured_comm_start_ms: float | None = None
 
     @property
     def compute_ms(self) -> float:
@@ -53,11 +66,13 @@ class JobTiming:
 
     @property
     def period_ms(self) -> float:
+        if self.measured_period_ms is not None:
+            return self.measured_period_ms
         return self.forward_ms + max(self.backward_ms, self.comm_ms)
 
     @property
     def comm_start_ms(self) -> float:
-        return self.forward_ms
+        return self.forward_ms if self.measured_comm_start_ms is None else self.measured_comm_start_ms
 
     @property
     def intensity(self) -> float:
@@ -67,11 +82,13 @@ class JobTiming:
 
 def job_timing(job) -> JobTiming:
     """A RegisteredJob's timing from its layer table and `comm_ms` (none given: its bytes at 1 ms
-    per MB, which ranks jobs sharing links of one rate as their times would)."""
+    per MB, which ranks jobs sharing links of one rate as their times would), with its measured
+    `period_ms` and `comm_start_ms` where the job document gives them."""
     forward = sum(layer.fwd_ms or 0.0 for layer in job.layers)
     backward = sum(layer.bwd_ms or 0.0 for layer in job.layers)
     comm = job.comm_ms if job.comm_ms is not None else sum(layer.bytes for layer in job.layers) / 1e6
-    return JobTiming(job.job, forward, backward, comm)
+    return JobTiming(job.job, forward, backward, comm, getattr(job, "period_ms", None),
+                     getattr(job, "comm_start_ms", None))
 
 
 class SharingPolicy:
@@ -84,6 +101,10 @@ class SharingPolicy:
 
     def offsets_ms(self, timings: Sequence[JobTiming]) -> dict[str, float]:
         """Job id -> how long after the common start its first iteration starts."""
+        return {timing.job: 0.0 for timing in timings}
+
+    def paces_ms(self, timings: Sequence[JobTiming]) -> dict[str, float]:
+        """Job id -> its pace: iteration i starts no earlier than its first's start + i x pace (0: free)."""
         return {timing.job: 0.0 for timing in timings}
 
 
@@ -114,11 +135,46 @@ class Intensity(SharingPolicy):
 
 @register
 class TimeShift(SharingPolicy):
-    """CASSINI's interleaving: the same classes for all, and start offsets (`interleave`)."""
+    """CASSINI's interleaving: the same classes for all, each job a pace on one circle (`paces`) and
+    start offsets that interleave the phases on it (`interleave` of the paced timings)."""
     name = "timeshift"
 
     def offsets_ms(self, timings: Sequence[JobTiming]) -> dict[str, float]:
-        return interleave(timings)
+        return self.decide(timings)[0]
+
+    def paces_ms(self, timings: Sequence[JobTiming]) -> dict[str, float]:
+        return self.decide(timings)[1]
+
+    @staticmethod
+    def decide(timings: Sequence[JobTiming]) -> tuple[dict[str, float], dict[str, float]]:
+        """Offsets on the paced circle and the paces where the phases fit apart on it (overlapping
+        for at most COMPATIBLE_OVERLAP of their communication); else offsets on the jobs' own
+        periods and no pace."""
+        offsets, overlap = placement(paced(timings))
+        if overlap <= COMPATIBLE_OVERLAP:
+            return offsets, paces(timings)
+        return interleave(timings), {timing.job: 0.0 for timing in timings}
+
+
+def paces(timings: Sequence[JobTiming], margin: float = PACE_MARGIN) -> dict[str, float]:
+    """Each job's pace: the circle is the longest period stretched by `margin`; each job gets the
+    shortest circle / k (k = 1, 2, ...) that is at least its own period stretched alike. Harmonics of
+    one circle keep every job's phases at the same places of it iteration after iteration, which
+    periods that are not near multiples of each other would not."""
+    if not timings:
+        return {}
+    circle = max(timing.period_ms for timing in timings) * (1 + margin)
+    if circle <= 0:
+        return {timing.job: 0.0 for timing in timings}
+    return {timing.job: circle / max(1, math.floor(circle / (timing.period_ms * (1 + margin))))
+            for timing in timings}
+
+
+def paced(timings: Sequence[JobTiming]) -> list[JobTiming]:
+    """The timings with their paces as their periods (what the jobs will keep to)."""
+    pace = paces(timings)
+    return [dataclasses.replace(timing, measured_period_ms=pace[timing.job],
+                                measured_comm_start_ms=timing.comm_start_ms) for timing in timings]
 
 
 def interleave(timings: Sequence[JobTiming]) -> dict[str, float]:
@@ -127,11 +183,17 @@ def interleave(timings: Sequence[JobTiming]) -> dict[str, float]:
     (ties by id) at offset 0, each next one at the offset within its own period that overlaps least
     with the phases placed so far (the smallest such offset). Every job is taken to share one link
     with every other (the runner's specs share uplinks)."""
+    return placement(timings)[0]
+
+
+def placement(timings: Sequence[JobTiming]) -> tuple[dict[str, float], float]:
+    """`interleave`'s offsets, and the share of the jobs' communication on the circle that still
+    overlaps another job's (0: the phases fit apart)."""
     if not timings:
-        return {}
+        return {}, 0.0
     slot_ms = max(timing.period_ms for timing in timings) / PERIOD_SLOTS
     if slot_ms <= 0:
-        return {timing.job: 0.0 for timing in timings}
+        return {timing.job: 0.0 for timing in timings}, 0.0
     periods = {timing.job: max(1, round(timing.period_ms / slot_ms)) for timing in timings}
     circle = math.lcm(*periods.values())
     if circle > MAX_CIRCLE_SLOTS:
@@ -145,7 +207,8 @@ def interleave(timings: Sequence[JobTiming]) -> dict[str, float]:
         shift = int(np.argmin(overlap[:periods[timing.job]]))
         offsets[timing.job] = shift * slot_ms
         busy += np.roll(phase, shift)
-    return {timing.job: offsets[timing.job] for timing in timings}
+    overlap = float(np.clip(busy - 1, 0, None).sum() / busy.sum()) if busy.sum() else 0.0
+    return {timing.job: offsets[timing.job] for timing in timings}, overlap
 
 
 def _phase(timing: JobTiming, period: int, slot_ms: float, circle: int) -> np.ndarray:
@@ -176,6 +239,7 @@ class Sharing:
     bands: dict[str, tuple[int, ...]]
     offsets_ms: dict[str, float]
     intensity: dict[str, float]
+    paces_ms: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def share(policy: str, jobs: Sequence) -> Sharing:
@@ -183,4 +247,4 @@ def share(policy: str, jobs: Sequence) -> Sharing:
     timings = [job_timing(job) for job in jobs]
     chosen = SHARING_POLICIES[policy]()
     return Sharing(policy, bands(chosen.levels(timings)), chosen.offsets_ms(timings),
-                   {timing.job: timing.intensity for timing in timings})
+                   {timing.job: timing.intensity for timing in timings}, chosen.paces_ms(timings))

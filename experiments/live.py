@@ -1,7 +1,9 @@
 """The live view of a running experiment (`python -m experiments run SPEC --live [PORT]`): a page on
 127.0.0.1 with the run list and its progress, the current run's iteration times against its lower
 bound as they arrive, the fabric drawn tier by tier with each link coloured by its utilization
-(the controller's port statistics), the class queues' drops and the fidelity guard's state.
+(the controller's port statistics), the class queues' drops and the fidelity guard's state. A run
+of several jobs shows them apart: each job's iteration times in a colour of its own, its progress,
+and its hosts in that colour on the fabric.
 
 Nothing leaves the machine and nothing is fetched from elsewhere: the page (experiments/live.html)
 is plain HTML, CSS and JavaScript that polls /state.json once a second. The server answers only
@@ -136,6 +138,16 @@ class LiveView:
             if current is not None:
                 current["done"] = done
                 current["times"] = [b - a for a, b in zip(ends, ends[1:])]
+
+    def job_iterations(self, jobs: dict[str, dict]) -> None:
+        """A run of several jobs: name -> {"hosts": [...], "ends": [epoch seconds of its rank-0
+        worker's finished iterations]}, in the run's job order."""
+        with self._lock:
+            current = self._state["current"]
+            if current is not None:
+                current["jobs"] = [{"name": name, "hosts": list(job["hosts"]), "done": len(job["ends"]),
+                                    "times": [b - a for a, b in zip(job["ends"], job["ends"][1:])]}
+                                   for name, job in jobs.items()]
 
     def run_ended(self, run_id: str, status: str) -> None:
         with self._lock:

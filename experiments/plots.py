@@ -241,8 +241,56 @@ def job_iteration_time(tables: dict[str, pd.DataFrame], path: Path) -> Path | No
     return _save(figure, path)
 
 
+def job_link_utilization(tables: dict[str, pd.DataFrame], path: Path) -> Path | None:
+    """A timeline per scheme (its first repetition with records) and leaf uplink of which job's bytes
+    went on it (job_uplinks.csv: each job's received messages on the uplink the measured ECMP
+    placement put their flow on), stacked in Mbit/s, against what the port's counters say it sent
+    (links.csv, black): the gap is headers, retransmissions and the counters' coarser polling."""
+    uplinks = tables.get("job_uplinks", pd.DataFrame())
+    if uplinks is None or uplinks.empty:
+        return None
+    links = tables["links"]
+    first = uplinks.assign(rep=uplinks["run_id"].str.extract(r"rep=(\d+)", expand=False).astype(float))
+    chosen = first.sort_values("rep").groupby("scheme", sort=False)["run_id"].first()
+    schemes = [scheme for scheme in dict.fromkeys(uplinks["scheme"]) if scheme in chosen.index]
+    ports = sorted({(row.switch, row.uplink) for row in uplinks.itertuples(index=False)})
+    jobs = list(dict.fromkeys(uplinks["job"]))
+    colors = _colors(jobs)
+    figure, axes = plt.subplots(len(schemes), len(ports), figsize=(3.6 * len(ports), 2.4 * len(schemes)),
+                                squeeze=False, sharey=True)
+    for row_axes, scheme in zip(axes, schemes):
+        run_id = chosen[scheme]
+        rows = uplinks[uplinks["run_id"] == run_id]
+        start = rows["time_s"].min()
+        bin_s = float(np.diff(np.unique(rows["time_s"])).min()) if rows["time_s"].nunique() > 1 else 0.1
+        for ax, (switch, uplink) in zip(row_axes, ports):
+            on_port = rows[(rows["switch"] == switch) & (rows["uplink"] == uplink)]
+            table = on_port.pivot_table(index="time_s", columns="job", values="bytes", aggfunc="sum")
+            grid = np.arange(start, rows["time_s"].max() + bin_s / 2, bin_s)
+            table = table.reindex(grid, method="nearest", tolerance=bin_s / 4).fillna(0.0)
+            table = table.reindex(columns=jobs, fill_value=0.0)
+            ax.stackplot(table.index - start, *(table[job] * 8 / bin_s / 1e6 for job in jobs),
+                         colors=[colors[job] for job in jobs], labels=jobs, linewidth=0)
+            port = links[(links["run_id"] == run_id) & (links["switch"] == switch) & (links["peer"] == uplink)]
+            if not port.empty:
+                ax.step(port["time_s"] - start, port["tx_mbps"], where="pre", color="black", linewidth=0.8,
+                        label="port counters")
+                rate = port["rate_mbps"].dropna()
+                if len(rate):
+                    ax.axhline(float(rate.iloc[0]), color="grey", linestyle=":", linewidth=0.8)
+            ax.set_xlim(0, grid[-1] - start + bin_s)
+            ax.set_title(f"{scheme.split('=', 1)[-1]}: {switch} -> {uplink}", fontsize=8)
+            ax.tick_params(labelsize=7)
+        row_axes[0].set_ylabel("Mbit/s", fontsize=8)
+    axes[-1][0].set_xlabel("seconds from the run's first bytes on an uplink", fontsize=8)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="upper right", fontsize=7)
+    return _save(figure, path)
+
+
 PLOTS: dict[str, Callable[[dict[str, pd.DataFrame], Path], Path | None]] = {
     "job_iteration_time": job_iteration_time,
+    "job_link_utilization": job_link_utilization,
     "speedup": speedup,
     "iteration_time": iteration_time,
     "accuracy": accuracy,

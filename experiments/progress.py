@@ -44,6 +44,12 @@ class Progress:
         if self.live is not None:
             self.live.iteration(done, list(ends))
 
+    def job_iterations(self, jobs: dict[str, dict]) -> None:
+        """A run of several jobs: per job (its name), its hosts and its rank-0 worker's iteration
+        ends so far (epoch seconds): the live view shows the jobs apart."""
+        if self.live is not None:
+            self.live.job_iterations(jobs)
+
     def end_run(self, status: str, run_id: str = "") -> None:
         """status: ok, failed, or skipped for a run --resume found finished."""
         if self.live is not None:

@@ -625,7 +625,7 @@ def aggregate(out_dir: str | Path, say=lambda line: print(line, file=sys.stderr)
     out = Path(out_dir)
     spec = parse_spec(read_spec_document(out))
     axes = [axis.name for axis in spec.axes]
-    rows, iterations, tensors, links, queues = [], [], [], [], []
+    rows, iterations, tensors, links, queues, uplinks = [], [], [], [], [], []
     for run in spec.runs:
         try:
             record = checked_run_record(out, run.run_id)
@@ -662,6 +662,9 @@ def aggregate(out_dir: str | Path, say=lambda line: print(line, file=sys.stderr)
             job_iterations = records["iterations"].assign(job=name) if name else records["iterations"]
             iterations.append(_with_run_id(job_iterations, run.run_id))
             tensors.append(_with_run_id(records["tensors"], run.run_id))
+            if run.config.jobs:  # which job's bytes went on which uplink (the port counters cannot say)
+                uplinks.append(_with_run_id(multijob.job_uplink_bytes(records["tensors"], record.get("placement"),
+                                                                      name), run.run_id))
             if number == 0:  # the fabric's records are the run's, whichever job they were read with
                 links.append(_with_run_id(run_links, run.run_id))
                 queues.append(_with_run_id(queue_totals[QUEUE_TOTAL_COLUMNS], run.run_id))
@@ -673,6 +676,7 @@ def aggregate(out_dir: str | Path, say=lambda line: print(line, file=sys.stderr)
     write_csv(runs, out / "runs.csv")
     if any(run.config.jobs for run in spec.runs):
         write_csv(multijob.runs_table(runs, spec), out / "multijob.csv")
+        write_csv(_concat(uplinks, ["run_id", *multijob.JOB_UPLINK_COLUMNS]), out / "job_uplinks.csv")
     write_csv(multijob.effects_by_job(runs, spec, effects), out / "effects.csv")
     for name, frames, columns in (("iterations", iterations, ITERATION_COLUMNS),
                                   ("tensors", tensors, TENSOR_COLUMNS),
@@ -715,4 +719,11 @@ def read_tables(out_dir: str | Path, say=lambda line: print(line, file=sys.stder
         say(f"{error}; left out")
         found = None
     tables["effects"] = pd.DataFrame(columns=EFFECT_COLUMNS) if found is None else found
+    try:  # a run of several jobs: which job's bytes on which uplink
+        found = _parse_csv(out / "job_uplinks.csv", ["run_id", *multijob.JOB_UPLINK_COLUMNS], ["time_s", "bytes"])
+    except Damaged as error:
+        say(f"{error}; left out")
+        found = None
+    found = pd.DataFrame(columns=["run_id", *multijob.JOB_UPLINK_COLUMNS]) if found is None else found
+    tables["job_uplinks"] = found.merge(labels.drop_duplicates("run_id"), on="run_id")
     return tables

@@ -40,19 +40,19 @@ from typing import Callable
 import pandas as pd
 from mininet.log import setLogLevel
 
-from experiments import plots, summary
+from experiments import multijob, plots, summary
 from experiments.disturbances import Schedule, disturbances_of
 from experiments.live import LiveError, LiveView
 from experiments.progress import Progress
-from experiments.results import (PORT_COLUMNS, PORT_RATE_COLUMNS, aggregate, completed_run_ids,
-                                 process_dir, read_run_record, run_dir, start_output, write_csv,
-                                 write_run_record)
+from experiments.results import (PORT_COLUMNS, PORT_RATE_COLUMNS, Damaged, aggregate, completed_run_ids,
+                                 process_dir, read_run, read_run_record, read_spec_document, run_dir,
+                                 start_output, write_csv, write_run_record)
 from common.files import write_text
 from common.schema import one_line
 from experiments.sampler import FabricSampler
 from experiments.runplan import (OPENFLOW_PORT, REST_PORT, RunPlan, data_flows, fabric_key, fabric_params,
                                 job_tag, plan_jobs)
-from experiments.spec import Run, Spec
+from experiments.spec import Run, Spec, SpecError, alone_runs, parse_spec
 from hostapps.config import process_arguments
 from emulation import cluster, placement
 from topologies.cluster import LOCAL, ClusterError, crossing_links
@@ -77,6 +77,7 @@ class JobProcess:
     stdout: Path
     stderr: Path
     tag: int = 0
+    job: str = ""  # its job's name in a run of several
 
 
 def run_experiment(spec: Spec, out_dir: Path, resume: bool, live_port: int | None = None) -> int:
@@ -304,11 +305,13 @@ def run_once(fab: Fabric, out: Path, plans: list[RunPlan], rates: pd.DataFrame, 
     controller that dies is restarted (the run goes on, its record says so); FabricError when it
     cannot be. Whatever else stops a job fails this run alone, with the records it has.
 
-    Several jobs: each registered, then each launched with a tag of its own and told when to start
-    its first iteration, together after JOBS_STARTUP_S, each at its start_s and the offset the
-    controller's sharing policy gave it."""
+    Several jobs: each registered (under timeshift with its iteration as its alone run measured it,
+    `measured_documents`), then each launched with a tag of its own and told when to start its first
+    iteration, together after JOBS_STARTUP_S, each at its start_s and the offset the controller's
+    sharing policy gave it, and the pace it keeps to after that (0: none)."""
     run = run or plans[0].run
     several = len(plans) > 1
+    plans = measured_documents(out, run, plans)
     path = run_dir(out, run.run_id)
     if path.exists():
         if path.is_symlink():  # never followed: a link in a results folder is not ours to empty
@@ -340,12 +343,16 @@ def run_once(fab: Fabric, out: Path, plans: list[RunPlan], rates: pd.DataFrame, 
                         layer_dscp = {layer["index"]: layer["dscp"] for layer in decided["layers"]}
                     offset_s = decided.get("start_offset_ms", 0.0) / 1000
                     start_at = jobs_start + plan.start_s + offset_s if several else 0.0
+                    pace_s = (decided.get("pace_ms") or 0.0) / 1000 if several else 0.0
                     tag = job_tag(base, plan.number)
-                    processes += launch_job(fab, out, plan, layer_dscp, tag, start_at)
+                    processes += launch_job(fab, out, plan, layer_dscp, tag, start_at, pace_s)
+                    measured = {key: plan.document[key] for key in ("period_ms", "comm_ms", "comm_start_ms")
+                                if plan.document and "period_ms" in plan.document}
                     jobs.append({"name": plan.name, "job_id": plan.job_id, "tag": tag,
                                  "arrival_s": jobs_start + plan.start_s, "start_at_s": start_at,
-                                 "start_offset_s": offset_s, "band": decided.get("band"),
-                                 "intensity": decided.get("intensity"), **plan.bounds})
+                                 "start_offset_s": offset_s, "pace_s": pace_s, "band": decided.get("band"),
+                                 "intensity": decided.get("intensity"), **({"measured": measured} if measured else {}),
+                                 **plan.bounds})
                 schedule.start()
                 error = wait_job(processes, progress, watch.check)
         except (FabricError, OSError):
@@ -381,6 +388,33 @@ def run_once(fab: Fabric, out: Path, plans: list[RunPlan], rates: pd.DataFrame, 
     return status
 
 
+def measured_documents(out: Path, run: Run, plans: list[RunPlan]) -> list[RunPlan]:
+    """Under timeshift, each job's document with its iteration as its run alone in this repetition
+    measured it (multijob.measured_timing: period, communication and when it starts), what CASSINI
+    places rather than a plan; a job whose alone run is missing, failed or unreadable keeps the
+    planned one (the controller models it from the layer table)."""
+    if run.controller.sharing != "timeshift" or len(plans) < 2:
+        return plans
+    try:
+        spec = parse_spec(read_spec_document(out))
+    except (SpecError, Damaged, OSError):
+        return plans
+    alone, by_id = alone_runs(spec), {each.run_id: each for each in spec.runs}
+    measured = []
+    for plan in plans:
+        reference = by_id.get(alone.get((run.run_id, plan.name), ""))
+        timing = None
+        if reference is not None and plan.document is not None and (
+                read_run_record(out, reference.run_id) or {}).get("status") == "ok":
+            try:
+                records = read_run(out, reference)
+                timing = multijob.measured_timing(records["iterations"], records["tensors"])
+            except (Damaged, OSError, KeyError, ValueError):
+                timing = None
+        measured.append(dataclasses.replace(plan, document={**plan.document, **timing}) if timing else plan)
+    return measured
+
+
 def shared_jobs(fab: Fabric) -> dict[str, dict]:
     """The registered jobs as the controller shares the fabric among them (GET /jobs): each one's
     DSCP per layer in its band, and its start offset."""
@@ -395,7 +429,9 @@ def measured_placement(fab: Fabric, plans: list[RunPlan]) -> dict:
     background's once), probed before the jobs start, once per fabric for the same flows (every TCP
     scheme of a repetition has the same); {} on a cluster (the probes read this machine's switches
     only) or with no flow to place."""
-    flows = tuple(dict.fromkeys(flow for plan in plans for flow in data_flows(plan.run)))
+    # a job's flows named after it ("vgg worker0->worker1"): the jobs' own names repeat
+    flows = tuple(dict.fromkeys(flow._replace(what=f"{plan.name} {flow.what}") if plan.name else flow
+                                for plan in plans for flow in data_flows(plan.run)))
     if not flows or fab.servers:
         return {}
     key = (fab.id, flows)
@@ -431,9 +467,10 @@ def unregister_job(fab: Fabric, job_id: str) -> None:
 
 
 def launch_job(fab: Fabric, out: Path, plan: RunPlan, layer_dscp: dict[int, int],
-               tag: int, start_at: float = 0.0) -> list[JobProcess]:
+               tag: int, start_at: float = 0.0, pace_s: float = 0.0) -> list[JobProcess]:
     """The job's host apps, in the plan's order: parameter-server shards first so the workers find
-    them listening; start_at: when its workers start their first iteration (0: once connected)."""
+    them listening; start_at: when its workers start their first iteration (0: once connected);
+    pace_s: iteration i no earlier than start_at + i x pace_s (0: free)."""
     # mlt senders mark each tensor's datagrams with its class themselves (TCP's are marked by the controller)
     dscp = layer_dscp if plan.run.job.transport == "mlt" else {}
     processes = []
@@ -443,23 +480,33 @@ def launch_job(fab: Fabric, out: Path, plan: RunPlan, layer_dscp: dict[int, int]
         cluster.make_dir(fab.host(host), str(directory))
         stdout, stderr = directory / "stdout.log", directory / "stderr.log"
         with open(stdout, "w") as out_file, open(stderr, "w") as err_file:
-            cfg = dataclasses.replace(config, out=str(directory), tag=tag, layer_dscp=dscp, start_at=start_at)
+            cfg = dataclasses.replace(config, out=str(directory), tag=tag, layer_dscp=dscp, start_at=start_at,
+                                      pace=pace_s)
             argv = [sys.executable, "-m", "hostapps", role, *process_arguments(cfg)]
             popen = fab.popen(host, argv, cwd=REPO, stdout=out_file, stderr=err_file)
-        processes.append(JobProcess(directory.name, host, popen, stdout, stderr, tag))
+        processes.append(JobProcess(directory.name, host, popen, stdout, stderr, tag, plan.name))
     return processes
 
 
 def wait_job(processes: list[JobProcess], progress: Progress, watch: Callable[[], None]) -> str:
     """Wait for the job; '' when every process exited 0, else what went wrong first. The rank-0
-    worker's stdout (one line per finished iteration) drives the progress display; `watch` is
-    called at every poll (the controller watch)."""
-    rank0 = next(process for process in processes if process.name.endswith("-worker0"))
+    worker's stdout (one line per finished iteration) drives the progress display (the first job's;
+    with several jobs, each job's for the live view); `watch` is called at every poll (the
+    controller watch)."""
+    firsts: dict[str, JobProcess] = {}
+    for process in processes:
+        if process.name.endswith("-worker0"):
+            firsts.setdefault(process.job, process)
+    hosts = {job: list(dict.fromkeys(process.host for process in processes if process.job == job)) for job in firsts}
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while True:
         watch()
-        ends = [float(end) for end in ITERATION_LINE.findall(rank0.stdout.read_text())]
-        progress.iteration(len(ends), ends)
+        ends = {job: [float(end) for end in ITERATION_LINE.findall(rank0.stdout.read_text())]
+                for job, rank0 in firsts.items()}
+        first = next(iter(ends.values()))
+        progress.iteration(len(first), first)
+        if len(firsts) > 1:
+            progress.job_iterations({job: {"hosts": hosts[job], "ends": job_ends} for job, job_ends in ends.items()})
         codes = [process.popen.poll() for process in processes]
         failed = [(process, code) for process, code in zip(processes, codes) if code]
         if failed:

@@ -265,6 +265,9 @@ class ProcessConfig(Training):
                     "hosts never take each other's messages", lambda n: 0 <= n <= U32)
     start_at: float = knob(0.0, "0, or a time in Unix seconds before which a worker starts no iteration (connected, "
                            "it waits: the jobs sharing a fabric start at their offsets)", lambda x: 0 <= x < math.inf)
+    pace: float = knob(0.0, "0, or seconds: with --start-at, iteration i starts no earlier than start-at + i x pace "
+                       "(the time-shift policy's circle: a job that drifts ahead waits, so the phases of jobs "
+                       "sharing links stay apart)", lambda x: 0 <= x < 3600)
     link_mbps: float = knob(100.0, f"Mbit/s > 0, at most {MAX_LINK_MBPS:.0f}: the host's link (mlt pacing, "
                             "profile timing)", lambda x: 0 < x <= MAX_LINK_MBPS)
     source_port: int = knob(0, "0 or a port 1024..65535 (tcp: the j-th peer this process dials is dialed from "

@@ -252,6 +252,8 @@ def run_worker(cfg: ProcessConfig, on_iteration: Callable[[int], None] | None = 
         time.sleep(max(0.0, cfg.start_at - time.time()))
     try:
         for it in range(cfg.iterations):
+            if cfg.start_at and cfg.pace and it:  # kept to its place on the circle, not only started there
+                time.sleep(max(0.0, cfg.start_at + it * cfg.pace - time.time()))
             start = time.time()
             sync.wait_s = 0.0
             sync.start_iteration(it)

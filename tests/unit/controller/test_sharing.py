@@ -1,13 +1,15 @@
 """Inter-job sharing (controller/sharing.py): two jobs' classes under each policy, on fake switches
 wired as a leaf-spine (tests/helpers/fakeswitch.py), CASSINI-style offsets on hand-computed
 periods, and what POST and GET /jobs of the real app tell the runner."""
+import dataclasses
+
 import pytest
 
 from common.classes import GRADIENT_DSCPS
 from controller.pipeline import WantedMarks
 from controller.priority import CapacityError
 from controller.scheduling import JobFlow, Layer, RegisteredJob, describe_job, parse_job, sharing_of
-from controller.sharing import MAX_JOBS, JobTiming, bands, interleave, share
+from controller.sharing import MAX_JOBS, JobTiming, TimeShift, bands, interleave, paced, paces, placement, share
 from helpers.fabric_views import ip, leaf_spine
 from unit.controller.test_pipeline import installed, marked, sync_marks, tcp
 from unit.controller.test_rest import controller_app, refused, request
@@ -107,8 +109,8 @@ def test_the_job_document_takes_sharing_and_comm_ms():
 
 
 # -- timeshift ------------------------------------------------------------------------------------
-def timing(name, forward, backward, comm):
-    return JobTiming(name, forward, backward, comm)
+def timing(name, forward, backward, comm, period=None, comm_start=None):
+    return JobTiming(name, forward, backward, comm, period, comm_start)
 
 
 def test_two_jobs_of_one_period_interleave_their_phases():
@@ -140,7 +142,47 @@ def test_fair_and_intensity_start_every_job_at_once():
         assert share(policy, jobs).offsets_ms == {"heavy": 0.0, "light": 0.0}
     shifted = [job("a", ip(1), ip(3), fwd_ms=60.0, bwd_ms=40.0, comm_ms=40.0),
                job("b", ip(2), ip(4), fwd_ms=60.0, bwd_ms=40.0, comm_ms=40.0)]
-    assert share("timeshift", shifted).offsets_ms == {"a": 0.0, "b": pytest.approx(40.0)}
+    # paced at 105 ms (100 ms and its margin): b's phase right after a's, to the slot (0.525 ms)
+    assert share("timeshift", shifted).offsets_ms == {"a": 0.0, "b": pytest.approx(40.0, abs=0.6)}
+    assert share("timeshift", shifted).paces_ms == {"a": pytest.approx(105.0), "b": pytest.approx(105.0)}
+    assert share("fair", shifted).paces_ms == {"a": 0.0, "b": 0.0}
+
+
+def test_paces_are_harmonics_of_the_longest_period_with_its_margin():
+    # the shipped spec's measured periods: one circle of 1.05 x 580 ms for all three
+    measured = [timing("vgg", 10, 10, 300, period=470), timing("resnet", 10, 10, 200, period=580),
+                timing("bert", 10, 10, 300, period=450)]
+    assert paces(measured) == pytest.approx({"vgg": 609.0, "resnet": 609.0, "bert": 609.0})
+    # a job of under half the period keeps to half the circle: 1.05 x 45 = 47.25 fits twice in 105
+    assert paces([timing("a", 60, 40, 40), timing("b", 20, 25, 25)]) == pytest.approx({"a": 105.0, "b": 52.5})
+    assert paces([]) == {}
+
+
+def test_jobs_whose_phases_cannot_fit_apart_run_free_from_their_offsets():
+    # each communicates 70 ms of its 100 ms: on any circle more than a tenth of it overlaps, so
+    # pacing would only slow them (CASSINI would not place them together)
+    crowded = [timing("a", 30, 70, 70), timing("b", 30, 70, 70)]
+    offsets, paces_ms = TimeShift.decide(crowded)
+    assert paces_ms == {"a": 0.0, "b": 0.0} and offsets == interleave(crowded)
+    assert placement(paced(crowded))[1] > 0.1
+    fitting = [timing("a", 60, 40, 40), timing("b", 60, 40, 40)]
+    assert placement(paced(fitting))[1] == 0.0 and TimeShift.decide(fitting)[1] == pytest.approx(
+        {"a": 105.0, "b": 105.0})
+
+
+def test_measured_periods_and_phases_replace_the_modelled_ones():
+    # modelled, both jobs 100 ms periods communicating from 60 ms for 40 ms; measured, a runs 200 ms
+    # and communicates from 20 ms: the circle is 210 ms and b's phase goes where a's is not
+    a = timing("a", 60, 40, 40, period=200, comm_start=20)
+    assert (a.period_ms, a.comm_start_ms) == (200, 20)
+    b = timing("b", 60, 40, 40, period=200, comm_start=20)
+    offsets = interleave(paced([a, b]))
+    assert offsets["a"] == 0.0 and 39 <= offsets["b"] <= 171  # [20, 60] of 210 apart from [20 + s, 60 + s]: to the slot
+    registered = [job("a", ip(1), ip(3), sharing="timeshift", fwd_ms=60.0, bwd_ms=40.0, comm_ms=40.0),
+                  job("b", ip(2), ip(4), sharing="timeshift", fwd_ms=60.0, bwd_ms=40.0, comm_ms=40.0)]
+    measured_jobs = [dataclasses.replace(one, period_ms=200.0, comm_start_ms=20.0) for one in registered]
+    assert share("timeshift", measured_jobs).paces_ms == pytest.approx({"a": 210.0, "b": 210.0})
+    assert share("timeshift", measured_jobs).offsets_ms == pytest.approx(offsets)
 
 
 # -- the REST API ----------------------------------------------------------------------------------
@@ -166,5 +208,11 @@ def test_post_and_get_jobs_tell_each_job_its_band_and_start_offset():
         a = rest_job("a", ip(1), ip(3), "timeshift", 60.0, 40.0, 40.0)
         b = rest_job("b", ip(2), ip(4), "timeshift", 60.0, 40.0, 40.0)
         request(app, "POST", "/jobs", a)
-        assert request(app, "POST", "/jobs", b).json["start_offset_ms"] == pytest.approx(40.0)
-        assert [job["start_offset_ms"] for job in request(app, "GET", "/jobs").json] == [0.0, pytest.approx(40.0)]
+        assert request(app, "POST", "/jobs", b).json["start_offset_ms"] == pytest.approx(40.0, abs=0.6)
+        shown = request(app, "GET", "/jobs").json
+        assert [job["start_offset_ms"] for job in shown] == [0.0, pytest.approx(40.0, abs=0.6)]
+        assert [job["pace_ms"] for job in shown] == [105.0, 105.0]
+        for name in ("a", "b"):
+            request(app, "DELETE", f"/jobs/{name}")
+        measured = {**a, "period_ms": 200.0, "comm_start_ms": 20.0}
+        assert request(app, "POST", "/jobs", measured).json["pace_ms"] == 210.0

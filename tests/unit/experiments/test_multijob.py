@@ -9,12 +9,13 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from experiments import results
+from experiments import multijob, results
 from experiments.__main__ import run_list
 from experiments.plan import plan_text
 from experiments.plots import plot_all
 from experiments.runplan import dry_run, job_tag, plan_jobs
 from experiments.spec import SpecError, alone_runs, parse_spec
+from experiments.statistics import paired_ratio
 from experiments.summary import write_summary
 from hostapps.config import config_from_args, process_arguments
 from unit.experiments.test_results import START, write_network_records
@@ -192,5 +193,106 @@ def test_multijob_csv_has_completion_times_and_utilization_against_fair(out):
 def test_the_summary_and_the_plots_show_the_jobs_apart(out):
     text = write_summary(out)
     assert "## Jobs sharing the fabric" in text
-    assert "| sharing=timeshift | 1.00x | 1.25x | 2.10 | 2.10 | 38.1% | 1.19x | 1.19x | +19.0% |" in text
+    # the same gain in both repetitions: a zero-width interval that excludes no gain
+    assert ("| sharing=timeshift | 1.00x | 1.25x | 2.10 | 2.10 | 38.1% | 1.19x [1.19, 1.19] | 1.19x [1.19, 1.19] "
+            "| +19.0% [+19.0%, +19.0%] |") in text
+    assert "| sharing=fair | 1.20x | 1.50x | 2.50 | 2.50 | 32.0% | — | — | — |" in text
     assert (out / "plots" / "job_iteration_time.png") in plot_all(out)
+
+
+# -- gains with their intervals, on synthetic rows ------------------------------------------------
+def synthetic_runs(spec, fair: list[float], timeshift: list[float], failed: str = "") -> pd.DataFrame:
+    """runs.csv rows of the spec's runs of both jobs: each job's completion time per repetition
+    (fair's and timeshift's, the intensity runs as fair's); one worker each computing 1 s."""
+    rows = []
+    for run in spec.runs:
+        if not run.config.jobs:
+            continue
+        jct = {"fair": fair, "timeshift": timeshift}.get(run.axes["sharing"], fair)[run.rep - 1]
+        for name in run.job_names:
+            rows.append({"run_id": run.run_id, "job": name, "workers": 1, "jct_s": jct, "compute_util": 1 / jct,
+                         "slowdown_vs_alone": 1.0, "fidelity_ok": run.run_id != failed})
+    return pd.DataFrame(rows)
+
+
+def test_each_gain_has_its_paired_interval_by_repetition():
+    spec = parse_spec({**SPEC, "repetitions": 3})
+    fair, shifted = [10.0, 12.0, 11.0], [8.0, 9.0, 9.5]
+    table = multijob.runs_table(synthetic_runs(spec, fair, shifted), spec)
+    row = table[table["run_id"] == "sharing=timeshift,rep=2"].iloc[0]
+    expected = paired_ratio(fair, shifted)
+    assert row["jct_mean_gain"] == pytest.approx(12 / 9)  # the run's own point gain
+    assert (row["jct_mean_gain_paired"], row["jct_mean_gain_low"], row["jct_mean_gain_high"]) == pytest.approx(
+        (expected.estimate, expected.low, expected.high))
+    assert expected.low > 1  # the pairs agree: significant
+    utilization = paired_ratio([1 / t for t in shifted], [1 / t for t in fair])
+    assert row["util_gain_low"] == pytest.approx(utilization.low - 1)
+    assert row["util_gain_paired"] == pytest.approx(expected.estimate - 1)  # one worker a job: util = 1 / JCT
+    assert table[table["scheme"] == "sharing=fair"]["jct_mean_gain_paired"].isna().all()
+    assert multijob._gain_cell(row, "jct_mean_gain") == (
+        f"{expected.estimate:.2f}x [{expected.low:.2f}, {expected.high:.2f}]")
+    assert multijob._gain_cell(row, "util_gain").startswith(f"{expected.estimate - 1:+.1%} [")
+
+
+def test_a_gain_whose_interval_holds_none_is_marked_and_an_untrusted_run_leaves_its_pair_out():
+    spec = parse_spec({**SPEC, "repetitions": 3})
+    noisy = multijob.runs_table(synthetic_runs(spec, [10.0, 12.0, 11.0], [8.0, 13.0, 11.5]), spec)
+    row = noisy[noisy["scheme"] == "sharing=timeshift"].iloc[0]
+    assert row["jct_mean_gain_low"] < 1 < row["jct_mean_gain_high"]
+    assert multijob._gain_cell(row, "jct_mean_gain").endswith(" n.s.")
+    assert multijob._gain_cell(row, "util_gain").endswith(" n.s.")
+    guarded = multijob.runs_table(synthetic_runs(spec, [10.0, 12.0, 11.0], [8.0, 13.0, 9.0],
+                                                 failed="sharing=fair,rep=2"), spec)
+    row = guarded[guarded["run_id"] == "sharing=timeshift,rep=2"].iloc[0]
+    expected = paired_ratio([10.0, 11.0], [8.0, 9.0])
+    assert row["jct_mean_gain"] == pytest.approx(12 / 13)  # its point gain stays
+    assert row["jct_mean_gain_paired"] == pytest.approx(expected.estimate)
+    assert row["jct_mean_gain_low"] == pytest.approx(expected.low)
+
+
+def test_the_time_shift_places_each_job_as_its_run_alone_measured_it():
+    # two workers, 0.5 s iterations; each communicates from 0.1 s after its iteration starts, two
+    # 0.1 s messages 0.2 s apart: an arc of 0.3 s (though only 0.2 s in flight)
+    iterations = pd.DataFrame([{"role": "worker", "rank": rank, "iteration": i, "start_s": 100 + 0.5 * i,
+                                "end_s": 100.5 + 0.5 * i} for rank in (0, 1) for i in range(5)])
+    tensors = pd.DataFrame([{"role": "worker", "rank": rank, "iteration": i, "start_s": 100.1 + 0.5 * i + part,
+                             "end_s": 100.2 + 0.5 * i + part} for rank in (0, 1) for i in range(5)
+                            for part in (0.0, 0.2)])
+    assert multijob.measured_timing(iterations, tensors) == pytest.approx(
+        {"period_ms": 500.0, "comm_ms": 300.0, "comm_start_ms": 100.0})
+    assert multijob.measured_timing(iterations, tensors.iloc[:0]) is None
+
+
+def test_each_jobs_bytes_go_on_the_uplink_its_flows_were_placed_on():
+    placement = {"uplinks": {"leaf1": {"spine1": ["vgg worker0->worker1"], "spine2": ["bert worker0->server0"]},
+                             "leaf2": {"spine2": ["vgg worker1->worker0"]}}}
+    tensors = pd.DataFrame([
+        # 1000 bytes arriving over 0.2 s from 10.05: 250, 500, 250 in the bins of 10.0, 10.1, 10.2
+        {"role": "worker", "rank": 1, "peer": "worker0", "direction": "recv", "bytes": 1000,
+         "start_s": 10.05, "end_s": 10.25},
+        {"role": "worker", "rank": 0, "peer": "worker1", "direction": "recv", "bytes": 400,
+         "start_s": 10.31, "end_s": 10.31},                            # all at once, on leaf2's spine2
+        {"role": "worker", "rank": 1, "peer": "worker0", "direction": "send", "bytes": 999,
+         "start_s": 10.0, "end_s": 10.1},                              # sends are counted where they arrive
+        {"role": "worker", "rank": 1, "peer": "worker2", "direction": "recv", "bytes": 999,
+         "start_s": 10.0, "end_s": 10.1},                              # a flow not placed: on no uplink
+    ])
+    rows = multijob.job_uplink_bytes(tensors, placement, "vgg")
+    spine1 = rows[rows["uplink"] == "spine1"]
+    assert list(spine1["time_s"]) == pytest.approx([10.0, 10.1, 10.2])
+    assert list(spine1["bytes"]) == pytest.approx([250, 500, 250])
+    assert rows[rows["switch"] == "leaf2"][["time_s", "bytes"]].values.tolist() == [[10.3, 400.0]]
+    assert multijob.job_uplink_bytes(tensors, None, "vgg").empty
+    assert multijob.job_uplink_bytes(tensors, placement, "bert").empty  # bert's own messages: none here
+
+
+def test_the_link_timeline_draws_each_jobs_bytes_per_uplink(tmp_path):
+    from experiments.plots import job_link_utilization
+    uplinks = pd.DataFrame([{"run_id": f"sharing={scheme},rep=1", "scheme": f"sharing={scheme}", "job": job,
+                             "switch": "leaf1", "uplink": "spine1", "time_s": 100 + 0.1 * i, "bytes": 100_000.0}
+                            for scheme in ("fair", "timeshift") for job in ("vgg", "bert") for i in range(10)])
+    links = pd.DataFrame([{"run_id": "sharing=fair,rep=1", "switch": "leaf1", "peer": "spine1", "time_s": 101.0,
+                           "tx_mbps": 16.0, "rate_mbps": 20.0}])
+    path = job_link_utilization({"job_uplinks": uplinks, "links": links}, tmp_path / "job_link_utilization.png")
+    assert path is not None and path.stat().st_size > 0
+    assert job_link_utilization({"job_uplinks": uplinks.iloc[:0], "links": links}, tmp_path / "none.png") is None

@@ -164,3 +164,51 @@ def test_a_run_of_several_jobs_registers_tags_and_starts_each_at_its_offset(monk
     assert offsets[0] == 0 < offsets[1]  # one period: the second interleaved with the first
     assert configs["h2"].layer_dscp and not configs["h1"].layer_dscp  # mlt marks its own datagrams, TCP is marked
     assert record["status"] == "ok" and jobs["a"]["link_bound_s"] > 0
+    # nothing measured alone here: the circle from the planned periods, the same pace for both
+    assert configs["h1"].pace == configs["h3"].pace == jobs["a"]["pace_s"] > 0
+    assert "measured" not in jobs["a"]
+
+
+class Shown:
+    """A stand-in live view: what the progress tells it about the jobs."""
+
+    def __init__(self):
+        self.jobs = None
+
+    def job_iterations(self, jobs):
+        self.jobs = jobs
+
+    def iteration(self, done, ends):
+        self.done = done
+
+
+def test_each_jobs_rank0_worker_reports_its_iterations_to_the_live_view(tmp_path):
+    import subprocess
+    import sys
+
+    from experiments import runner
+    from experiments.live import LiveView
+    from experiments.progress import Progress
+    processes = []
+    for job, host, lines in (("a", "h1", "iteration 1/3 10.0\niteration 2/3 10.5\n"), ("a", "h3", ""),
+                             ("b", "h2", "iteration 1/3 11.0\n")):
+        stdout, stderr = tmp_path / f"{host}.out", tmp_path / f"{host}.err"
+        stdout.write_text(lines)
+        popen = subprocess.Popen([sys.executable, "-c", ""], start_new_session=True)
+        rank = 1 if host == "h3" else 0
+        processes.append(runner.JobProcess(f"{host}-worker{rank}", host, popen, stdout, stderr, 1, job))
+    for process in processes:
+        process.popen.wait()
+    shown = Shown()
+    with Progress(1, disable=True, live=shown) as progress:
+        assert runner.wait_job(processes, progress, lambda: None) == ""
+    assert shown.jobs == {"a": {"hosts": ["h1", "h3"], "ends": [10.0, 10.5]}, "b": {"hosts": ["h2"], "ends": [11.0]}}
+    live = LiveView("spec", ["r"], 0)
+    try:
+        live.run_started("r", 3, 0.1)
+        live.job_iterations(shown.jobs)
+        assert live.state()["current"]["jobs"] == [
+            {"name": "a", "hosts": ["h1", "h3"], "done": 2, "times": [pytest.approx(0.5)]},
+            {"name": "b", "hosts": ["h2"], "done": 1, "times": []}]
+    finally:
+        live.server.server_close()

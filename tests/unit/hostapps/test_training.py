@@ -58,6 +58,20 @@ def test_workers_start_their_first_iteration_at_start_at_and_train_alike(loopbac
     assert np.array_equal(later[0]["model"].params, at_once[0]["model"].params)
 
 
+def test_a_paced_worker_starts_iteration_i_no_earlier_than_start_at_plus_i_paces(loopback_addresses):
+    """--pace: the time-shift policy's circle; each iteration waits for its place on it, and the
+    parameters are those of a job that runs free."""
+    options = dict(iterations=3, batch=32, eval_every=0, model=Model(width=16, depth=1))
+    free = run_job(loopback_addresses, 2, **options)
+    start_at = time.time() + 1.0
+    paced = run_job(loopback_addresses, 2, **options, start_at=start_at, pace=0.4)
+    for result in paced:
+        starts = [row["start_s"] for row in result["recorder"].iterations]
+        assert all(start >= start_at + i * 0.4 for i, start in enumerate(starts))
+        assert starts[2] - starts[0] < 0.8 + 0.3  # it waited for its places, not more
+    assert np.array_equal(paced[0]["model"].params, free[0]["model"].params)
+
+
 def test_ps_parameter_slicing_reaches_the_same_parameters_slice_by_slice(loopback_addresses):
     options = dict(iterations=12, batch=32, eval_every=0, model=Model(width=64, depth=2), momentum=0.5)
     single = run_job(loopback_addresses, 1, **options)[0]["model"].params
