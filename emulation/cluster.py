@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import os
 import shlex
 import subprocess
 import time
@@ -160,12 +161,12 @@ def popen_options(node) -> dict:
     return {"mncmd": ["mnexec", "-a", str(node.pid)]} if isinstance(node, RemoteMixin) else {}
 
 
-def remote_argv(cmd: list[str], cwd: str | None) -> list[str]:
+def remote_argv(cmd: list[str], cwd: str | os.PathLike | None) -> list[str]:
     """A host app's argv as its node's Popen takes it when the node is on another server. Mininet
     hands the words to ssh, which joins them with spaces for the server's root shell to parse again,
     and Popen's cwd moves only the local ssh client: so the whole command is one word, quoted for
     that shell, that changes to `cwd` there first."""
-    inner = f"cd {shlex.quote(cwd)} && exec {shlex.join(cmd)}" if cwd else f"exec {shlex.join(cmd)}"
+    inner = f"cd {shlex.quote(os.fspath(cwd))} && exec {shlex.join(cmd)}" if cwd else f"exec {shlex.join(cmd)}"
     return ["sh", "-c", shlex.quote(inner)]
 
 
@@ -179,10 +180,32 @@ def make_dir(node, path: str) -> None:
         node.rcmd(f"mkdir -p {shlex.quote(path)}")
 
 
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def same_kernel(node) -> bool:
+    """The node's server runs on this machine's kernel (a server emulated in a namespace,
+    emulation/emulated_server.py): its clock is this machine's."""
+    if server_of(node) == LOCAL:
+        return True
+    return node.rcmd(f"cat {BOOT_ID}").strip() == Path(BOOT_ID).read_text().strip()
+
+
+def same_folder(node, path: str) -> bool:
+    """The node's server sees this very folder at `path` (it shares this machine's filesystem)."""
+    try:
+        here = os.stat(path)
+    except OSError:
+        return False
+    there = node.rcmd(f"cat {BOOT_ID} && stat -L -c '%d %i' {shlex.quote(path)}").split()
+    return there == [Path(BOOT_ID).read_text().strip(), str(here.st_dev), str(here.st_ino)]
+
+
 def fetch(node, path: str) -> str:
-    """What a host app wrote on another server, copied to the same path here; '' or what failed."""
+    """What a host app wrote on another server, copied to the same path here; '' or what failed.
+    Nothing to copy when that server shares this folder (scp would copy every file onto itself)."""
     server = server_of(node)
-    if server == LOCAL:
+    if server == LOCAL or same_folder(node, path):
         return ""
     copy = subprocess.run(["scp", "-q", "-r", "-o", "BatchMode=yes", f"root@{server}:{path}/.", path],
                           capture_output=True, text=True)
@@ -203,13 +226,15 @@ def offset_from_samples(samples: list[tuple[float, float, float]]) -> tuple[floa
 
 def clock_offset(node, clock: Callable[[], float] = time.time) -> tuple[float, float]:
     """How far the clock of the node's server is ahead of this machine's (seconds), and the bound
-    on that figure's error: (0, 0) here. Host apps stamp their records with their server's clock."""
-    if server_of(node) == LOCAL:
+    on that figure's error: (0, 0) here and on a server sharing this machine's kernel. Host apps
+    stamp their records with their server's clock. Read through the node's open shell: a new SSH
+    connection (rcmd) would put its set-up, most of it before `date` runs, into the round trip."""
+    if same_kernel(node):
         return 0.0, 0.0
     samples = []
     for _ in range(CLOCK_SAMPLES):
         sent = clock()
-        said = node.rcmd("date +%s.%N").strip()
+        said = node.cmd("date +%s.%N").strip()
         received = clock()
         try:
             samples.append((sent, float(said.split()[-1]), received))
