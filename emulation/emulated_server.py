@@ -212,6 +212,20 @@ def status(name: str = DEFAULT_NAME) -> ServerState | None:
     return state
 
 
+def vswitchd_pid_at(address: str) -> int | None:
+    """The ovs-vswitchd of the emulated server reached at `address` (None: no such server here, or
+    its daemon is not running): it runs on this machine, so its CPU can be read here."""
+    for state_file in SERVERS_DIR.glob("*/state.json"):
+        state = ServerState.load(state_file.parent.name)
+        if state is not None and state.server_ip == address:
+            try:
+                pid = int((state.dir / "ovs" / "run" / "ovs-vswitchd.pid").read_text())
+            except (OSError, ValueError):
+                return None
+            return pid if mount_ns_of(pid) == state.mount_ns else None
+    return None
+
+
 def start(name: str = DEFAULT_NAME, subnet: str = DEFAULT_SUBNET, mtu: int = UNDERLAY_MTU,
           say=lambda line: print(line, file=sys.stderr)) -> ServerState:
     """The emulated server `name`, running: returned as it is when it already runs; what a
