@@ -42,7 +42,8 @@ def measure(fab: Fabric, case: Case, seconds: float) -> dict:
         pairs += [(dst, src) for src, dst in pairs]
     servers = [fab.popen(dst, ["iperf3", "-s", "-1", "-p", str(5201 + i)])
                for i, (_, dst) in enumerate(pairs)]
-    time.sleep(0.5)
+    for i, (_, dst) in enumerate(pairs):
+        wait_listening(fab.host(dst), 5201 + i)
     pid = vswitchd_pid()
     others = [other for server in fab.servers or [] if (other := vswitchd_pid_at(server)) is not None]
     log = OvsLog()
@@ -72,6 +73,15 @@ def measure(fab: Fabric, case: Case, seconds: float) -> dict:
             "machine_util": (busy1 - busy0) / (total1 - total0),
             "ovs_tx_errors": log.transmit_errors().total,
             "port_socket_drops": sum(port_socket_drops().values()) - drops0}
+
+
+def wait_listening(host, port: int, timeout: float = 15.0) -> None:
+    """Until an iperf3 server listens in `host` (one on another server starts over SSH: a second or so)."""
+    deadline = time.monotonic() + timeout
+    while not host.cmd(f"ss -Hltn 'sport = :{port}'").strip():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"iperf3 -s on {host.name} port {port} did not listen in {timeout:.0f} s")
+        time.sleep(0.1)
 
 
 PRIORITY_PORT_MBPS = 20

@@ -11,7 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from common.frames import DEFAULT_MTU
 from emulation import emulated_server
+from emulation.fabric import Fabric
 from helpers import REPO
 from helpers.fabric import experiments_cli, finish, leftovers
 
@@ -113,4 +115,14 @@ def test_the_smoke_spec_trains_across_two_servers_as_on_one(tmp_path, second_ser
         across = np.load(two / "runs" / run / "h1-worker0" / "model.npz")
         assert set(here.files) == set(across.files)
         assert max(np.abs(here[name] - across[name]).max() for name in here.files) <= 1e-6, run
+    assert leftovers() == []
+
+
+def test_a_frame_of_the_fabrics_mtu_crosses_between_hosts_on_different_servers_whole(second_server):
+    params = {"spines": 2, "leaves": 2, "hosts_per_leaf": 2}
+    with Fabric("leafspine", params, servers=["localhost", second_server.server_ip]) as fab:
+        assert [host.name for host in fab.hosts if getattr(host, "server", "localhost") != "localhost"] == ["h3", "h4"]
+        fab.wait_reachable(timeout=60)
+        said = fab.host("h1").cmd(f"ping -c 3 -W 2 -M do -s {DEFAULT_MTU - 28} {fab.host('h4').IP()}")
+        assert " 0% packet loss" in said, said
     assert leftovers() == []
