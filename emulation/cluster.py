@@ -13,6 +13,7 @@ import csv
 import functools
 import os
 import shlex
+import signal
 import subprocess
 import time
 from functools import cache
@@ -122,6 +123,31 @@ class RemoteFabricLink(RemoteGRELink):
                      self.moveIntf)
 
 
+def terminate(node) -> None:
+    """Mininet's terminate, its shell's ssh client killed first when the node is on another server:
+    Mininet sends SIGHUP to the shell's process group and waits for it without a timeout, and once
+    `sudo ... ssh -tt` stayed alive after it and held a fabric's stop for 6 minutes."""
+    if getattr(node, "isRemote", False) and node.shell is not None and node.shell.poll() is None:
+        try:
+            os.killpg(node.shell.pid, signal.SIGKILL)
+            node.shell.wait(timeout=5)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+    super(type(node), node).terminate()
+
+
+def kill_in_namespace(node) -> None:
+    """Every process left in the network namespace of a host on another server, its shell apart: a
+    process Node.popen started there runs under `ssh`, and killing that local client leaves it
+    running on the server. (A switch's shell is in the server's own namespace: left alone.)"""
+    if server_of(node) == LOCAL or not getattr(node, "inNamespace", False) or not node.pid:
+        return
+    script = (f'ns=$(readlink /proc/{node.pid}/ns/net) && for p in /proc/[0-9]*; do pid=${{p#/proc/}}; '
+              f'[ "$pid" != {node.pid} ] && [ "$(readlink $p/ns/net 2>/dev/null)" = "$ns" ] && kill -9 $pid; '
+              'done; true')
+    node.rcmd(["sh", "-c", shlex.quote(script)])
+
+
 @cache
 def remote(cls: type) -> type:
     """The class of a node of ours that may live on another server."""
@@ -133,9 +159,9 @@ def remote(cls: type) -> type:
                 OVSUserSwitch.batchStartup.__func__(switch_cls, group, run=group[0].cmd)
             return switches
         return type(f"Remote{cls.__name__}", (RemoteMixin, cls),
-                    {"batchStartup": classmethod(batch_startup),
+                    {"batchStartup": classmethod(batch_startup), "terminate": terminate,
                      "batchShutdown": classmethod(RemoteOVSSwitch.batchShutdown.__func__)})
-    return type(f"Remote{cls.__name__}", (RemoteMixin, cls), {})
+    return type(f"Remote{cls.__name__}", (RemoteMixin, cls), {"terminate": terminate})
 
 
 def cluster_network(topo, servers: list[str], method: str, **params) -> MininetCluster:

@@ -40,6 +40,20 @@ def second_server():
     assert emulated_server.processes_in(state.mount_ns) == []
 
 
+def left_on_the_server(state) -> list[str]:
+    """What runs in the emulated server besides its sshd and Open vSwitch (after a fabric: nothing)."""
+    left = []
+    for pid in emulated_server.processes_in(state.mount_ns):
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+        except OSError:
+            continue
+        if pid != state.sshd["pid"] and comm not in ("ovsdb-server", "ovs-vswitchd"):
+            left.append(f"{pid} {cmdline}")
+    return left
+
+
 def count_vxlan(state) -> None:
     """nftables counters of the VXLAN datagrams the server receives and sends (in its own namespace)."""
     rules = f"""table inet {VXLAN_COUNTER} {{
@@ -115,7 +129,7 @@ def test_the_smoke_spec_trains_across_two_servers_as_on_one(tmp_path, second_ser
         across = np.load(two / "runs" / run / "h1-worker0" / "model.npz")
         assert set(here.files) == set(across.files)
         assert max(np.abs(here[name] - across[name]).max() for name in here.files) <= 1e-6, run
-    assert leftovers() == []
+    assert leftovers() == [] and left_on_the_server(second_server) == []
 
 
 def test_a_frame_of_the_fabrics_mtu_crosses_between_hosts_on_different_servers_whole(second_server):
@@ -125,4 +139,5 @@ def test_a_frame_of_the_fabrics_mtu_crosses_between_hosts_on_different_servers_w
         fab.wait_reachable(timeout=60)
         said = fab.host("h1").cmd(f"ping -c 3 -W 2 -M do -s {DEFAULT_MTU - 28} {fab.host('h4').IP()}")
         assert " 0% packet loss" in said, said
-    assert leftovers() == []
+        fab.popen("h4", ["sleep", "600"])  # runs on the server under ssh: the fabric's stop ends it there
+    assert leftovers() == [] and left_on_the_server(second_server) == []
