@@ -23,7 +23,8 @@ known-hosts file, so neither root's keys nor ~/.ssh are read or written.
 
 Ownership: everything lives under SERVERS_DIR/<name> plus the namespace, the underlay veth and the
 client config file; every process started through the server (sshd, its sessions, the node shells,
-the host apps, the OVS daemons) runs in its private mount namespace, which is how stop() tells them
+the host apps, the OVS daemons) sees the server's run directory bind-mounted over /run/openvswitch
+(in its mount namespace, or in one a Mininet host made from it), which is how stop() tells them
 apart from every other process of the machine. start() is idempotent; stop() removes exactly that.
 
     python -m emulation.emulated_server start [--name srv2]   # prints the address for cluster.servers
@@ -185,15 +186,27 @@ def mount_ns_of(pid: int) -> str:
         return ""
 
 
-def processes_in(mount_ns: str) -> list[int]:
-    """Every process in the server's private mount namespace: all that was started through it."""
-    if not mount_ns:
-        return []
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit() and int(proc.name) != os.getpid() and mount_ns_of(int(proc.name)) == mount_ns:
-            pids.append(int(proc.name))
-    return pids
+def carries_our_mount(pid: int, run_dir: str) -> bool:
+    """Process `pid` sees `run_dir` bind-mounted over /run/openvswitch: it runs in the server's mount
+    namespace or in one made from it (a Mininet host's shell, `mnexec -n`, makes a mount namespace
+    of its own, and the processes started in that host inherit it)."""
+    try:
+        lines = Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        fields = line.split()  # id parent major:minor root mount-point ...: root is the bound folder
+        if len(fields) > 4 and fields[4] == OVS_DIRS["run"] and run_dir.endswith(fields[3]) and fields[3] != "/":
+            return True
+    return False
+
+
+def processes_of(state: ServerState) -> list[int]:
+    """Every process started through the server: sshd, its sessions, the node shells and what runs in
+    the hosts, the OVS daemons."""
+    run_dir = str(state.dir / "ovs" / "run")
+    return [int(proc.name) for proc in Path("/proc").iterdir()
+            if proc.name.isdigit() and int(proc.name) != os.getpid() and carries_our_mount(int(proc.name), run_dir)]
 
 
 def ssh_argv(state: ServerState, command: str) -> list[str]:
@@ -347,13 +360,11 @@ def stop(name: str = DEFAULT_NAME, say=lambda line: print(line, file=sys.stderr)
     its namespace, underlay veth, client config and directory; what was removed, one line each."""
     state = ServerState.load(name) or ServerState.plan(name)
     removed = []
-    # The mount namespace names our processes only while one we recorded still runs (an ended
-    # namespace's inode number can be given to another).
-    mount_ns = state.mount_ns if any(map(alive, [state.sshd, *state.ovs.values()])) else ""
     if alive(state.sshd):  # OVS's own stop: the datapath and bridges go with the daemons
         sh("nsenter", "-t", str(state.sshd["pid"]), "-m", "-n", "/usr/share/openvswitch/scripts/ovs-ctl", "stop",
            timeout=30)
-    pids = processes_in(mount_ns)
+    pids = processes_of(state)
+    ended = bool(pids)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
             try:
@@ -361,14 +372,14 @@ def stop(name: str = DEFAULT_NAME, say=lambda line: print(line, file=sys.stderr)
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + TERM_GRACE_S
-        while (pids := processes_in(mount_ns)) and time.monotonic() < deadline:
+        while (pids := processes_of(state)) and time.monotonic() < deadline:
             time.sleep(0.1)
         if not pids:
             break
     if pids:
         raise ServerError(f"processes {pids[:8]} of {name} outlived SIGKILL")
-    if mount_ns:
-        removed.append(f"processes of {name} (mount namespace {mount_ns})")
+    if ended:
+        removed.append(f"the processes started through {name}")
     if sh("ip", "link", "show", state.veth).returncode == 0 and _our_veth(state):
         sh("ip", "link", "del", state.veth, check=f"ip link del {state.veth}")
         removed.append(f"interface {state.veth}")

@@ -37,13 +37,13 @@ def second_server():
     assert state.namespace not in sh("ip", "netns", "list").stdout.split()
     assert sh("ip", "link", "show", state.veth).returncode != 0
     assert not Path(state.directory).exists() and not Path(state.ssh_config).exists()
-    assert emulated_server.processes_in(state.mount_ns) == []
+    assert emulated_server.processes_of(state) == []
 
 
 def left_on_the_server(state) -> list[str]:
     """What runs in the emulated server besides its sshd and Open vSwitch (after a fabric: nothing)."""
     left = []
-    for pid in emulated_server.processes_in(state.mount_ns):
+    for pid in emulated_server.processes_of(state):
         try:
             comm = Path(f"/proc/{pid}/comm").read_text().strip()
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
