@@ -125,8 +125,8 @@ class RemoteFabricLink(RemoteGRELink):
 
 def terminate(node) -> None:
     """Mininet's terminate, its shell's ssh client killed first when the node is on another server:
-    Mininet sends SIGHUP to the shell's process group and waits for it without a timeout, and once
-    `sudo ... ssh -tt` stayed alive after it and held a fabric's stop for 6 minutes."""
+    Mininet sends SIGHUP to the shell's process group and waits for it without a timeout, but that
+    ssh ignores SIGHUP and sudo only catches it (docs/platform.md): a fabric's stop waited 6 minutes."""
     if getattr(node, "isRemote", False) and node.shell is not None and node.shell.poll() is None:
         try:
             os.killpg(node.shell.pid, signal.SIGKILL)
