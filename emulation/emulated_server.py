@@ -209,6 +209,18 @@ def processes_of(state: ServerState) -> list[int]:
             if proc.name.isdigit() and int(proc.name) != os.getpid() and carries_our_mount(int(proc.name), run_dir)]
 
 
+def other_sshd_running() -> bool:
+    """An sshd runs on the machine (a zombie of ours, killed and not yet reaped, does not count)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            comm, rest = stat.read_text().rsplit(")", 1)
+        except (OSError, ValueError):
+            continue
+        if comm.split("(", 1)[-1] == "sshd" and rest.split()[0] != "Z":
+            return True
+    return False
+
+
 def ssh_argv(state: ServerState, command: str) -> list[str]:
     return ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", f"root@{state.server_ip}", command]
 
@@ -390,7 +402,7 @@ def stop(name: str = DEFAULT_NAME, say=lambda line: print(line, file=sys.stderr)
     if ssh_config.exists() and ssh_config.read_text().startswith("# dnn-testbed emulated server"):
         ssh_config.unlink()
         removed.append(str(ssh_config))
-    if state.privsep_dir_made and not sh("pgrep", "-x", "sshd").stdout.strip():
+    if state.privsep_dir_made and not other_sshd_running():
         try:
             SSHD_PRIVSEP_DIR.rmdir()
             removed.append(str(SSHD_PRIVSEP_DIR))
