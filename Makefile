@@ -11,7 +11,7 @@ SPEC ?= experiments/default.yaml
 OUT ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-server deb test-deb deb-packages venv ovs test unit experiment bench bench-rest bench-fabric clean-net
+.PHONY: setup setup-server emulated-server emulated-server-stop deb test-deb deb-packages venv ovs test unit experiment bench bench-rest bench-fabric clean-net
 
 setup: deb venv ovs
 
@@ -25,8 +25,19 @@ setup-server: setup
 	@$(MAKE) --no-print-directory deb-packages PACKAGES="$(SERVER_DEB_PACKAGES)"
 	@pgrep -x sshd >/dev/null || { mkdir -p /run/sshd && /usr/sbin/sshd && echo "setup-server: sshd started"; }
 
+# A second server on this machine (emulation/emulated_server.py, docs/cluster.md): a network namespace
+# with its own sshd and Open vSwitch behind an underlay veth. Prints its address for cluster.servers.
+SERVER_NAME ?= srv2
+emulated-server: setup
+	@$(MAKE) --no-print-directory deb-packages PACKAGES="$(SERVER_DEB_PACKAGES)"
+	@$(PY) -m emulation.emulated_server start --name $(SERVER_NAME)
+
+emulated-server-stop: venv
+	@$(PY) -m emulation.emulated_server stop --name $(SERVER_NAME)
+
+# The two-server test starts an emulated server: sshd and sudo as on a real one.
 test-deb:
-	@$(MAKE) --no-print-directory deb-packages PACKAGES="$(TEST_DEB_PACKAGES)"
+	@$(MAKE) --no-print-directory deb-packages PACKAGES="$(TEST_DEB_PACKAGES) $(SERVER_DEB_PACKAGES)"
 
 deb-packages:
 	@missing=""; for p in $(PACKAGES); do \

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from mininet.log import setLogLevel
 
+from emulation.emulated_server import vswitchd_pid_at
 from emulation.fabric import Fabric
 from emulation.machine import (busiest_thread_share, machine_jiffies, port_socket_drops, process_cpu_s,
                                thread_jiffies, vswitchd_pid)
@@ -41,27 +42,47 @@ def measure(fab: Fabric, case: Case, seconds: float) -> dict:
         pairs += [(dst, src) for src, dst in pairs]
     servers = [fab.popen(dst, ["iperf3", "-s", "-1", "-p", str(5201 + i)])
                for i, (_, dst) in enumerate(pairs)]
-    time.sleep(0.5)
+    for i, (_, dst) in enumerate(pairs):
+        wait_listening(fab.host(dst), 5201 + i)
     pid = vswitchd_pid()
+    others = [other for server in fab.servers or [] if (other := vswitchd_pid_at(server)) is not None]
     log = OvsLog()
     drops0 = sum(port_socket_drops().values())
     cpu0, threads0, (busy0, total0), t0 = process_cpu_s(pid), thread_jiffies(pid), machine_jiffies(), time.monotonic()
+    others0 = {other: (process_cpu_s(other), thread_jiffies(other)) for other in others}
     clients = [fab.popen(src, ["iperf3", "-c", fab.host(dst).IP(), "-p", str(5201 + i),
                                "-t", str(seconds), "-J"])
                for i, (src, dst) in enumerate(pairs)]
     results = [json.loads(c.communicate(timeout=seconds + 30)[0]) for c in clients]
     elapsed = time.monotonic() - t0
     cpu1, threads1, (busy1, total1) = process_cpu_s(pid), thread_jiffies(pid), machine_jiffies()
+    others1 = {other: (process_cpu_s(other), thread_jiffies(other)) for other in others}
     for server in servers:
         server.wait(10)
     goodputs = [r["end"]["sum_received"]["bits_per_second"] / 1e6 for r in results]
+    # full TCP segments (MSS: the MTU less IP, TCP and timestamp headers) a second, over iperf3's own intervals
+    packets = sum(goodputs) * 1e6 / 8 / (case.mtu - 52)
     return {"case": case.name, "flows": len(pairs), "aggregate_mbps": sum(goodputs),
             "min_flow_mbps": min(goodputs), "max_flow_mbps": max(goodputs),
+            "segments_per_s": packets,
             "vswitchd_cores": (cpu1 - cpu0) / elapsed,
             "vswitchd_busiest_thread": busiest_thread_share(threads0, threads1, elapsed),
+            # an emulated server's ovs-vswitchd runs on this machine too (emulation/emulated_server.py)
+            "other_vswitchd_cores": [(others1[o][0] - others0[o][0]) / elapsed for o in others],
+            "other_vswitchd_busiest_thread": [busiest_thread_share(others0[o][1], others1[o][1], elapsed)
+                                              for o in others],
             "machine_util": (busy1 - busy0) / (total1 - total0),
             "ovs_tx_errors": log.transmit_errors().total,
             "port_socket_drops": sum(port_socket_drops().values()) - drops0}
+
+
+def wait_listening(host, port: int, timeout: float = 15.0) -> None:
+    """Until an iperf3 server listens in `host` (one on another server starts over SSH: a second or so)."""
+    deadline = time.monotonic() + timeout
+    while not host.cmd(f"ss -Hltn 'sport = :{port}'").strip():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"iperf3 -s on {host.name} port {port} did not listen in {timeout:.0f} s")
+        time.sleep(0.1)
 
 
 PRIORITY_PORT_MBPS = 20
@@ -84,17 +105,18 @@ def priority(mtu: int, seconds: float) -> dict:
     return {"case": f"MTU {mtu}, priority", "cs5_mbps": cs5, "unmarked_mbps": unmarked}
 
 
-def run(mtus: list[int], seconds: float, host_bw: float, fabric_bw: float) -> list[dict]:
+def run(mtus: list[int], seconds: float, host_bw: float, fabric_bw: float, servers: list[str] | None = None,
+        priority_too: bool = True) -> list[dict]:
     rows = []
     for mtu in mtus:
         params = {"spines": 2, "leaves": 2, "hosts_per_leaf": HOSTS_PER_LEAF, "host_bw": host_bw,
                   "fabric_bw": fabric_bw, "mtu": mtu}
-        with Fabric("leafspine", params, lb="ecmp") as fab:
+        with Fabric("leafspine", params, lb="ecmp", servers=servers) as fab:
             fab.wait_reachable()
             for both_ways in (False, True):
                 rows.append(measure(fab, Case(mtu, both_ways), seconds))
                 print(format_row(rows[-1], host_bw), flush=True)
-    for mtu in mtus:
+    for mtu in mtus if priority_too else []:
         rows.append(priority(mtu, seconds))
         print(f"{rows[-1]['case']:<32} CS5 TCP {rows[-1]['cs5_mbps']:5.1f} Mbit/s, unmarked TCP "
               f"{rows[-1]['unmarked_mbps']:5.1f} Mbit/s into one {PRIORITY_PORT_MBPS} Mbit/s port", flush=True)
@@ -105,7 +127,10 @@ def format_row(row: dict, host_bw: float) -> str:
     return (f"{row['case']:<32} aggregate {row['aggregate_mbps']:6.1f} Mbit/s "
             f"({row['aggregate_mbps'] / (row['flows'] * host_bw):4.0%} of line rate), flows "
             f"{row['min_flow_mbps']:5.1f}-{row['max_flow_mbps']:5.1f}; ovs-vswitchd "
-            f"{row['vswitchd_cores']:.2f} cores (busiest thread {row['vswitchd_busiest_thread']:.2f}); "
+            f"{row['vswitchd_cores']:.2f} cores (busiest thread {row['vswitchd_busiest_thread']:.2f}"
+            + "".join(f", another {cores:.2f} ({thread:.2f})" for cores, thread in
+                      zip(row['other_vswitchd_cores'], row['other_vswitchd_busiest_thread']))
+            + f"); {row['segments_per_s'] / 1000:.1f}k segments/s; "
             f"machine {row['machine_util']:.0%}; OVS transmit errors {row['ovs_tx_errors']}, "
             f"port-socket drops {row['port_socket_drops']}")
 
@@ -116,12 +141,16 @@ def main() -> None:
     parser.add_argument("--mtu", type=int, action="append", help="repeatable (default: 1500 and 9000)")
     parser.add_argument("--host-bw", type=float, default=100)
     parser.add_argument("--fabric-bw", type=float, default=400)
+    parser.add_argument("--servers", help="run the fabric across these servers, comma-separated, the first "
+                        "localhost (docs/cluster.md; e.g. localhost,10.251.0.2 for `make emulated-server`)")
+    parser.add_argument("--no-priority", action="store_true", help="leave out the strict-priority check")
     parser.add_argument("--json", action="store_true", help="also print the rows as JSON")
     args = parser.parse_args()
     setLogLevel("warning")
     print(f"2x2x{HOSTS_PER_LEAF} leaf-spine, host links {args.host_bw:g} Mbit/s, uplinks "
           f"{args.fabric_bw:g} Mbit/s, iperf3 TCP {args.seconds:g} s per case")
-    rows = run(args.mtu or [1500, 9000], args.seconds, args.host_bw, args.fabric_bw)
+    servers = args.servers.split(",") if args.servers else None
+    rows = run(args.mtu or [1500, 9000], args.seconds, args.host_bw, args.fabric_bw, servers, not args.no_priority)
     if args.json:
         print(json.dumps(rows, indent=2))
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import csv
 import functools
+import os
 import shlex
+import signal
 import subprocess
 import time
 from functools import cache
@@ -121,6 +123,31 @@ class RemoteFabricLink(RemoteGRELink):
                      self.moveIntf)
 
 
+def terminate(node) -> None:
+    """Mininet's terminate, its shell's ssh client killed first when the node is on another server:
+    Mininet sends SIGHUP to the shell's process group and waits for it without a timeout, but that
+    ssh ignores SIGHUP and sudo only catches it (docs/platform.md): a fabric's stop waited 6 minutes."""
+    if getattr(node, "isRemote", False) and node.shell is not None and node.shell.poll() is None:
+        try:
+            os.killpg(node.shell.pid, signal.SIGKILL)
+            node.shell.wait(timeout=5)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+    super(type(node), node).terminate()
+
+
+def kill_in_namespace(node) -> None:
+    """Every process left in the network namespace of a host on another server, its shell apart: a
+    process Node.popen started there runs under `ssh`, and killing that local client leaves it
+    running on the server. (A switch's shell is in the server's own namespace: left alone.)"""
+    if server_of(node) == LOCAL or not getattr(node, "inNamespace", False) or not node.pid:
+        return
+    script = (f'ns=$(readlink /proc/{node.pid}/ns/net) && for p in /proc/[0-9]*; do pid=${{p#/proc/}}; '
+              f'[ "$pid" != {node.pid} ] && [ "$(readlink $p/ns/net 2>/dev/null)" = "$ns" ] && kill -9 $pid; '
+              'done; true')
+    node.rcmd(["sh", "-c", shlex.quote(script)])
+
+
 @cache
 def remote(cls: type) -> type:
     """The class of a node of ours that may live on another server."""
@@ -132,9 +159,9 @@ def remote(cls: type) -> type:
                 OVSUserSwitch.batchStartup.__func__(switch_cls, group, run=group[0].cmd)
             return switches
         return type(f"Remote{cls.__name__}", (RemoteMixin, cls),
-                    {"batchStartup": classmethod(batch_startup),
+                    {"batchStartup": classmethod(batch_startup), "terminate": terminate,
                      "batchShutdown": classmethod(RemoteOVSSwitch.batchShutdown.__func__)})
-    return type(f"Remote{cls.__name__}", (RemoteMixin, cls), {})
+    return type(f"Remote{cls.__name__}", (RemoteMixin, cls), {"terminate": terminate})
 
 
 def cluster_network(topo, servers: list[str], method: str, **params) -> MininetCluster:
@@ -160,12 +187,12 @@ def popen_options(node) -> dict:
     return {"mncmd": ["mnexec", "-a", str(node.pid)]} if isinstance(node, RemoteMixin) else {}
 
 
-def remote_argv(cmd: list[str], cwd: str | None) -> list[str]:
+def remote_argv(cmd: list[str], cwd: str | os.PathLike | None) -> list[str]:
     """A host app's argv as its node's Popen takes it when the node is on another server. Mininet
     hands the words to ssh, which joins them with spaces for the server's root shell to parse again,
     and Popen's cwd moves only the local ssh client: so the whole command is one word, quoted for
     that shell, that changes to `cwd` there first."""
-    inner = f"cd {shlex.quote(cwd)} && exec {shlex.join(cmd)}" if cwd else f"exec {shlex.join(cmd)}"
+    inner = f"cd {shlex.quote(os.fspath(cwd))} && exec {shlex.join(cmd)}" if cwd else f"exec {shlex.join(cmd)}"
     return ["sh", "-c", shlex.quote(inner)]
 
 
@@ -179,10 +206,32 @@ def make_dir(node, path: str) -> None:
         node.rcmd(f"mkdir -p {shlex.quote(path)}")
 
 
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def same_kernel(node) -> bool:
+    """The node's server runs on this machine's kernel (a server emulated in a namespace,
+    emulation/emulated_server.py): its clock is this machine's."""
+    if server_of(node) == LOCAL:
+        return True
+    return node.rcmd(f"cat {BOOT_ID}").strip() == Path(BOOT_ID).read_text().strip()
+
+
+def same_folder(node, path: str) -> bool:
+    """The node's server sees this very folder at `path` (it shares this machine's filesystem)."""
+    try:
+        here = os.stat(path)
+    except OSError:
+        return False
+    there = node.rcmd(f"cat {BOOT_ID} && stat -L -c '%d %i' {shlex.quote(path)}").split()
+    return there == [Path(BOOT_ID).read_text().strip(), str(here.st_dev), str(here.st_ino)]
+
+
 def fetch(node, path: str) -> str:
-    """What a host app wrote on another server, copied to the same path here; '' or what failed."""
+    """What a host app wrote on another server, copied to the same path here; '' or what failed.
+    Nothing to copy when that server shares this folder (scp would copy every file onto itself)."""
     server = server_of(node)
-    if server == LOCAL:
+    if server == LOCAL or same_folder(node, path):
         return ""
     copy = subprocess.run(["scp", "-q", "-r", "-o", "BatchMode=yes", f"root@{server}:{path}/.", path],
                           capture_output=True, text=True)
@@ -203,13 +252,15 @@ def offset_from_samples(samples: list[tuple[float, float, float]]) -> tuple[floa
 
 def clock_offset(node, clock: Callable[[], float] = time.time) -> tuple[float, float]:
     """How far the clock of the node's server is ahead of this machine's (seconds), and the bound
-    on that figure's error: (0, 0) here. Host apps stamp their records with their server's clock."""
-    if server_of(node) == LOCAL:
+    on that figure's error: (0, 0) here and on a server sharing this machine's kernel. Host apps
+    stamp their records with their server's clock. Read through the node's open shell: a new SSH
+    connection (rcmd) would put its set-up, most of it before `date` runs, into the round trip."""
+    if same_kernel(node):
         return 0.0, 0.0
     samples = []
     for _ in range(CLOCK_SAMPLES):
         sent = clock()
-        said = node.rcmd("date +%s.%N").strip()
+        said = node.cmd("date +%s.%N").strip()
         received = clock()
         try:
             samples.append((sent, float(said.split()[-1]), received))

@@ -29,8 +29,8 @@ from mininet.net import Mininet
 from common.signals import signals_deferred
 from emulation.cleanup import (LOCK_FILE, STATE_DIR, FabricRecord, clean_stale, kill_group, marked_bridges,
                                process_record, write_state)
-from emulation.cluster import (LOOPBACK, check_servers, cluster_network, controller_address, popen_options,
-                               remote_argv, server_of)
+from emulation.cluster import (LOOPBACK, check_servers, cluster_network, controller_address, kill_in_namespace,
+                               popen_options, remote_argv, server_of)
 from emulation.controller import ControllerProcess, rest
 from emulation.errors import FabricError
 from emulation.machine import MachineError, prepare, vswitchd_pid
@@ -139,6 +139,9 @@ class Fabric:
         with signals_deferred():
             for proc in self.processes:
                 kill_group(proc)
+            if self.processes and self.net is not None and self.servers:
+                for host in self.net.hosts:  # what they started on other servers (kill_group reached ssh)
+                    kill_in_namespace(host)
             self.processes.clear()
             if self.net is not None:
                 net, self.net = self.net, None

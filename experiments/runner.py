@@ -55,6 +55,7 @@ from experiments.runplan import (OPENFLOW_PORT, REST_PORT, RunPlan, data_flows, 
 from experiments.spec import Run, Spec, SpecError, alone_runs, parse_spec
 from hostapps.config import process_arguments
 from emulation import cluster, placement
+from emulation.emulated_server import vswitchd_pid_at
 from topologies.cluster import LOCAL, ClusterError, crossing_links
 from common.paths import REPO
 from emulation.fabric import Fabric, FabricError, kill_group
@@ -204,6 +205,11 @@ def fabric_dir(out: Path, first: Run) -> Path:
     return workdir
 
 
+def emulated_vswitchds(fab: Fabric) -> tuple[int, ...]:
+    """The ovs-vswitchd of each of the fabric's servers that is emulated on this machine."""
+    return tuple(pid for server in fab.servers or [] if (pid := vswitchd_pid_at(server)) is not None)
+
+
 def fabric_placement(fab: Fabric) -> dict:
     """The fabric's size and where its nodes run (for fabrics/<first run>/fabric.json)."""
     layout = fab.topo.layout
@@ -332,7 +338,7 @@ def run_once(fab: Fabric, out: Path, plans: list[RunPlan], rates: pd.DataFrame, 
         try:
             placed = measured_placement(fab, plans)
             schedule = Schedule(disturbances_of(fab, run.config, path))
-            with FabricSampler(path, switch_ports(fab)) as sampler:
+            with FabricSampler(path, switch_ports(fab), emulated_vswitchds(fab)) as sampler:
                 progress.sampling(sampler)
                 registered = [register_job(fab, plan, watch.jobs) for plan in plans]
                 shared = shared_jobs(fab) if several and watch.jobs else {}

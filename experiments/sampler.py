@@ -4,7 +4,8 @@ port's class queues (tc: bytes and packets sent, drops, backlog), the switches' 
 drops, and, over the whole run, the transmit errors OVS logged and its datapath drop counters.
 
 Files in the run's directory (CSV columns below; counters are cumulative, as sampled):
-    cpu.csv      time_s, cpu_util (machine, 0..1), vswitchd_thread_util (cores, busiest thread),
+    cpu.csv      time_s, cpu_util (machine, 0..1), vswitchd_thread_util (cores, busiest thread of
+                 this machine's ovs-vswitchd and of those of the servers emulated on it),
                  mem_used_mb (machine)
     queues.csv   time_s, switch, port, cs, sent_bytes, sent_pkts, dropped_pkts, backlog_bytes
     drain.csv    time_s, switch, port, probe_s, backlog_bytes, sent_bytes: for each port that had a
@@ -87,8 +88,10 @@ class FabricSampler:
     """Samples every SAMPLE_S while it is entered; `ports` maps each switch port's interface name
     to (switch, OpenFlow port)."""
 
-    def __init__(self, run_dir: Path, ports: dict[str, tuple[str, int]]) -> None:
-        self.run_dir, self.ports = run_dir, ports
+    def __init__(self, run_dir: Path, ports: dict[str, tuple[str, int]], other_vswitchds: tuple[int, ...] = ()) -> None:
+        """other_vswitchds: the ovs-vswitchd of each emulated server (emulation/emulated_server.py): it
+        runs on this machine too, so its forwarding thread is judged with this machine's."""
+        self.run_dir, self.ports, self.other_vswitchds = run_dir, ports, other_vswitchds
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fabric-sampler", daemon=True)
         self._log = OvsLog()
@@ -146,14 +149,14 @@ class FabricSampler:
                                     (sockets, SOCKET_COLUMNS)):
                 writer.writerow(columns)
             files = (queue_file, drain_file, socket_file)
-            pid = vswitchd_pid()
+            pids = [vswitchd_pid(), *self.other_vswitchds]
             busy, total = machine_jiffies()
-            threads, then = _threads(pid), time.monotonic()
+            threads, then = _threads(pids), time.monotonic()
             self._sample(queues, drains, sockets, files)
             while True:
                 stopped = self._stop.wait(SAMPLE_S)
                 now_busy, now_total = machine_jiffies()
-                now_threads, now_mono = _threads(pid), time.monotonic()
+                now_threads, now_mono = _threads(pids), time.monotonic()
                 if now_total > total:
                     thread_util = busiest_thread_share(threads, now_threads, now_mono - then)
                     machine = (now_busy - busy) / (now_total - total)
@@ -174,8 +177,12 @@ class FabricSampler:
             file.flush()
 
 
-def _threads(pid: int | None) -> dict[int, int]:
-    try:
-        return thread_jiffies(pid) if pid else {}
-    except OSError:  # ovs-vswitchd went away: its CPU is no longer ours to judge
-        return {}
+def _threads(pids: list[int | None]) -> dict[int, int]:
+    """Every thread of these daemons (thread ids are unique on the machine): the busiest is judged."""
+    threads = {}
+    for pid in filter(None, pids):
+        try:
+            threads |= thread_jiffies(pid)
+        except OSError:  # ovs-vswitchd went away: its CPU is no longer ours to judge
+            pass
+    return threads

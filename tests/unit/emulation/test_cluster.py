@@ -1,14 +1,16 @@
 """A host app started on another server: its argv and folder as the server's root shell sees them."""
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pytest
 
-from emulation.cluster import clock_offset, offset_from_samples, remote_argv, to_local_clock
+from emulation.cluster import clock_offset, fetch, offset_from_samples, remote_argv, to_local_clock
 
 PRINTER = "import json, os, sys; print(json.dumps([os.getcwd(), *sys.argv[1:]]))"
 WORDS = st.lists(st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), max_size=12),
@@ -43,20 +45,43 @@ def test_a_servers_clock_is_read_from_its_shortest_round_trip():
     assert offset == pytest.approx(2.5) and error == pytest.approx(0.001)
 
 
-def test_clock_offset_asks_the_server_and_is_zero_here():
-    class Node:
-        server = "rack2"
-        replies = iter(["1000.5\n"] * 5)
+class Server:
+    """A node on another server as clock_offset and fetch ask it: its shell answers `date`, its
+    server answers commands in its root namespace (rcmd)."""
+    server = "rack2"
 
-        def rcmd(self, command):
-            assert command == "date +%s.%N"
-            return next(self.replies)
+    def __init__(self, boot_id: str = "another kernel", stat: str = "") -> None:
+        self.replies = iter(["1000.5\n"] * 5)
+        self.boot_id, self.stat = boot_id, stat
+
+    def cmd(self, command):
+        assert command == "date +%s.%N"
+        return next(self.replies)
+
+    def rcmd(self, command):
+        return "\n".join([self.boot_id, self.stat][:2 if "stat" in command else 1]) + "\n"
+
+
+def test_clock_offset_asks_the_server_and_is_zero_here():
     ticks = iter([998.0, 998.2] * 5)
-    assert clock_offset(Node(), clock=lambda: next(ticks)) == (pytest.approx(2.4), pytest.approx(0.1))
+    assert clock_offset(Server(), clock=lambda: next(ticks)) == (pytest.approx(2.4), pytest.approx(0.1))
 
     class Here:
         server = "localhost"
     assert clock_offset(Here()) == (0.0, 0.0)
+
+
+def test_a_server_on_this_kernel_shares_its_clock_and_its_folders(tmp_path):
+    boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    assert clock_offset(Server(boot_id), clock=lambda: pytest.fail("no round trip needed")) == (0.0, 0.0)
+    here = os.stat(tmp_path)
+    assert fetch(Server(boot_id, f"{here.st_dev} {here.st_ino}"), str(tmp_path)) == ""  # no scp onto itself
+
+
+def test_a_cwd_given_as_a_path_reaches_the_server_as_its_text(tmp_path):
+    line = " ".join(remote_argv(["pwd"], tmp_path))
+    done = subprocess.run(["sh", "-c", line], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == str(tmp_path)
 
 
 def test_a_remote_processs_records_are_restamped_on_this_machines_clock(tmp_path):
