@@ -150,6 +150,7 @@ class Sender:
         self.me, self.tag, self.timeout, self.stats = me, tag, timeout, stats
         self.fragment_bytes, self.loss_bound = options.mtu_payload, options.loss_bound
         self.drop_marking, self.layer_dscp = options.drop_marking, options.layer_dscp
+        self.lowest_step_first = options.lowest_step_first
         self.pacer = HostPacer(options.link_mbps * 1e6 / 8)
         self.outgoing: dict[tuple[Peer, MessageKey], Outgoing] = {}
         self._passes: dict[Peer, deque[Pass]] = {}  # only peers with a pass waiting
@@ -224,7 +225,10 @@ class Sender:
     def _precedence(self, message: Outgoing) -> tuple[int, int, int, int]:
         """Which first pass goes first: the most important class, the oldest iteration, then the peer this
         host has already sent the most of that iteration (one peer's whole share before the next's, so that
-        peers finish at different times, as TCP's unfair sharing lets them), the fewest bytes left.
+        peers finish at different times, as TCP's unfair sharing lets them), the fewest bytes left.  With
+        lowest_step_first (an all-reduce's worker) the lowest step instead of the peer: a pipeline's oldest
+        segment is what the ranks wait for, and its messages to several peers go side by side
+        (allreduce.PeerSenders), where by peer the one served most would hold the others back for rounds.
 
         A parameter server's shard puts that peer before the class: a worker goes on only once it has every
         layer, the least important one included.  By class first, a back layer aggregated last (one worker's
@@ -235,6 +239,8 @@ class Sender:
         left = message.fragments - message.handed_out
         if self.me.role == "server":
             return (message.key.iteration, peer_first, rank, left)
+        if self.lowest_step_first:
+            return (rank, message.key.iteration, message.key.step, left)
         return (rank, message.key.iteration, peer_first, left)
 
     def first_pass_over(self, message: Outgoing) -> None:
