@@ -222,13 +222,19 @@ class Sender:
                     return False
         return True
 
-    def _precedence(self, message: Outgoing) -> tuple[int, int, int, int]:
+    def _precedence(self, message: Outgoing) -> tuple[int, ...]:
         """Which first pass goes first: the most important class, the oldest iteration, then the peer this
         host has already sent the most of that iteration (one peer's whole share before the next's, so that
-        peers finish at different times, as TCP's unfair sharing lets them), the fewest bytes left.  With
-        lowest_step_first (an all-reduce's worker) the lowest step instead of the peer: a pipeline's oldest
-        segment is what the ranks wait for, and its messages to several peers go side by side
-        (allreduce.PeerSenders), where by peer the one served most would hold the others back for rounds.
+        peers finish at different times, as TCP's unfair sharing lets them), the fewest bytes left.
+
+        With lowest_step_first (an all-reduce's worker, whose messages to several peers are under way side
+        by side: allreduce.PeerSenders), after the iteration a peer slowed below the link (its receiver
+        shares its link) before one at the link's rate, then the lowest step: the slowed one leaves room for
+        the next beside it, where at the link's rate first the slowed one would run alone afterwards, half
+        the link idle (a hierarchical chain's middle rank: the broadcast to its top rank, alone on its link,
+        then the partial sum to its leader, who shares its link with the leaders' ring); then a pipeline's
+        oldest segment, the one every rank waits for, where by the peer served most a tree's rank held one
+        child's message 100 ms behind the others'.
 
         A parameter server's shard puts that peer before the class: a worker goes on only once it has every
         layer, the least important one included.  By class first, a back layer aggregated last (one worker's
@@ -240,7 +246,8 @@ class Sender:
         if self.me.role == "server":
             return (message.key.iteration, peer_first, rank, left)
         if self.lowest_step_first:
-            return (rank, message.key.iteration, message.key.step, left)
+            rate = self.pacer.rates[message.peer]
+            return (rank, message.key.iteration, int(rate.rate >= rate.ceiling), message.key.step, left)
         return (rank, message.key.iteration, peer_first, left)
 
     def first_pass_over(self, message: Outgoing) -> None:

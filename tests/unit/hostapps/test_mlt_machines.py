@@ -330,6 +330,16 @@ def test_an_allreduce_worker_sends_the_lowest_step_first_whatever_it_sent_each_p
     assert machine.has_turn(previous) and not machine.has_turn(older)
 
 
+def test_an_allreduce_worker_sends_to_a_slowed_peer_first_and_beside_it_to_one_at_the_links_rate():
+    machine = sender(lowest_step_first=True)
+    alone = submit(machine, RECEIVER, KEY._replace(step=1))           # its receiver's link is its own
+    shared = submit(machine, OTHER, KEY._replace(step=5))             # its receiver shares its link: half
+    machine.advise(OTHER, 100e6 / 8 / 2)
+    assert machine.has_turn(shared) and machine.has_turn(alone)        # side by side: the link full
+    machine.advise(OTHER, 100e6 / 8)
+    assert machine.has_turn(alone) and not machine.has_turn(shared)    # both at the link's rate: the lower step
+
+
 def test_a_first_pass_goes_beside_those_ahead_while_their_peers_leave_the_link_free():
     machine = sender()
     ahead = submit(machine, RECEIVER)
