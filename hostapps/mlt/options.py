@@ -26,10 +26,10 @@ class MltOptions:
     # the largest message any process of the job sends (from its model): a DATA frame declaring more is dropped,
     # not allocated
     max_message_bytes: int
-    # a worker's first passes of one iteration and class: the lowest message step first (an all-reduce's messages:
-    # its pipeline's oldest segment, the one every rank waits for) rather than the peer it sent the most to
-    # (a parameter-server worker's shards: one's whole share before the next's)
-    lowest_step_first: bool = False
+    # a worker's first passes of one iteration and class: to a peer slowed by its receiver first, then the lowest
+    # message step (an all-reduce's: its pipeline's oldest segment, the one every rank waits for), rather than
+    # to the peer it sent the most to (a parameter-server worker's shards: one's whole share before the next's)
+    allreduce_precedence: bool = False
 
     @property
     def quiet_s(self) -> float:

@@ -150,7 +150,7 @@ class Sender:
         self.me, self.tag, self.timeout, self.stats = me, tag, timeout, stats
         self.fragment_bytes, self.loss_bound = options.mtu_payload, options.loss_bound
         self.drop_marking, self.layer_dscp = options.drop_marking, options.layer_dscp
-        self.lowest_step_first = options.lowest_step_first
+        self.allreduce_precedence = options.allreduce_precedence
         self.pacer = HostPacer(options.link_mbps * 1e6 / 8)
         self.outgoing: dict[tuple[Peer, MessageKey], Outgoing] = {}
         self._passes: dict[Peer, deque[Pass]] = {}  # only peers with a pass waiting
@@ -227,7 +227,7 @@ class Sender:
         host has already sent the most of that iteration (one peer's whole share before the next's, so that
         peers finish at different times, as TCP's unfair sharing lets them), the fewest bytes left.
 
-        With lowest_step_first (an all-reduce's worker, whose messages to several peers are under way side
+        With allreduce_precedence (an all-reduce's worker, whose messages to several peers are under way side
         by side: allreduce.PeerSenders), after the iteration a peer slowed below the link (its receiver
         shares its link) before one at the link's rate, then the lowest step: the slowed one leaves room for
         the next beside it, where at the link's rate first the slowed one would run alone afterwards, half
@@ -245,7 +245,7 @@ class Sender:
         left = message.fragments - message.handed_out
         if self.me.role == "server":
             return (message.key.iteration, peer_first, rank, left)
-        if self.lowest_step_first:
+        if self.allreduce_precedence:
             rate = self.pacer.rates[message.peer]
             return (rank, message.key.iteration, int(rate.rate >= rate.ceiling), message.key.step, left)
         return (rank, message.key.iteration, peer_first, left)

@@ -321,7 +321,7 @@ def test_a_parameter_server_finishes_the_worker_it_served_most_before_any_class_
 
 def test_an_allreduce_worker_sends_the_lowest_step_first_whatever_it_sent_each_peer():
     """A pipeline's oldest segment is what every rank waits for: the peer served most goes first no more."""
-    machine = sender(lowest_step_first=True)
+    machine = sender(allreduce_precedence=True)
     first_pass(machine, submit(machine, RECEIVER, KEY._replace(step=1)))  # RECEIVER served most this iteration
     later = submit(machine, RECEIVER, KEY._replace(step=9))
     older = submit(machine, OTHER, KEY._replace(step=4))
@@ -331,7 +331,7 @@ def test_an_allreduce_worker_sends_the_lowest_step_first_whatever_it_sent_each_p
 
 
 def test_an_allreduce_worker_sends_to_a_slowed_peer_first_and_beside_it_to_one_at_the_links_rate():
-    machine = sender(lowest_step_first=True)
+    machine = sender(allreduce_precedence=True)
     alone = submit(machine, RECEIVER, KEY._replace(step=1))           # its receiver's link is its own
     shared = submit(machine, OTHER, KEY._replace(step=5))             # its receiver shares its link: half
     machine.advise(OTHER, 100e6 / 8 / 2)
