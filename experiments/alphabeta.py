@@ -8,18 +8,29 @@ fabric is T = ticks x alpha + bytes x beta: `ticks` are the rounds its workers r
 pipeline a round behind the one before (experiments/traffic.allreduce_ticks); `bytes` is the time its
 busiest link direction of each tick takes at the links' rates (the fabric's uplinks included, so that an
 algorithm that crosses an oversubscribed fabric at once pays for it), summed over the ticks and counted
-in bytes of the host link (experiments/traffic.tick_seconds). alpha (seconds a round) and beta (seconds
-a byte) are the fabric's, with the host apps' software in them: fitted by least squares of the relative
-errors, per fabric
-(every matrix point but the algorithm and the model size), to the runs of each algorithm's smallest and
-largest model. A run measures T as its mean iteration time less its compute: with one unit, the next
-iteration's forward pass waits for the whole all-reduce.
+in bytes of the host link (experiments/traffic.tick_seconds). A run measures T as its mean iteration
+time less its compute: with one unit, the next iteration's forward pass waits for the whole all-reduce.
+
+Measured per fabric (every matrix point but the algorithm and the model size): an alpha per algorithm
+(seconds a round) and one beta (seconds a byte), fitted together to every algorithm's runs of its
+smallest and its largest model (non-negative least squares of the relative errors: the sizes span 300x,
+and in absolute seconds the largest models would set alpha for the small ones, where alpha is all there
+is); the sizes between are predicted.  A round does not cost the same in every algorithm: the ring's
+are sequential sends of one small message each, whose software costs (the wake-ups of the sender, the
+receiver and the next send) nothing hides, where a halving-doubling round is a two-way exchange and a
+pipeline's rounds overlap.  beta is the fabric's: a beta per algorithm, fitted to its 1.2 MB runs, takes
+in what per-flow ECMP's collisions cost large transfers and not small ones, and would need a negative
+alpha to meet the small runs.  One alpha and one beta for the whole fabric (the fabric_* columns) are
+kept beside for comparison: where the algorithms' rounds cost different amounts it cannot place their
+crossings.
 
 OUT/alphabeta.csv: per fabric, algorithm and model size, the measured and predicted seconds, the
-analytical bound (experiments/traffic.comm_bound_s) and measured / bound, with the fitted alpha and beta.
-OUT/crossovers.csv: per fabric and pair of algorithms, the model size at which the model predicts their
-times cross (the first crossing over the spec's sizes) and the size at which the runs' times cross
-(linear in log size between the two sizes they change order at), and measured / predicted.
+analytical bound (experiments/traffic.comm_bound_s) and measured / bound, with the algorithm's alpha and
+the fabric's beta, and the fabric-wide fit's.
+OUT/crossovers.csv: per fabric and pair of algorithms, the model size at which the per-algorithm model
+predicts their times cross (the first crossing over the spec's sizes), the fabric-wide model's, the size
+at which the runs' times cross (linear in log size between the two sizes they change order at), and
+measured / predicted for each model.
 """
 from __future__ import annotations
 
@@ -31,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy.optimize import nnls
 
 from experiments import runplan, traffic
 from experiments.results import Damaged, read_spec_document, read_tables, write_csv
@@ -39,8 +51,10 @@ from experiments.spec import Run, Spec, SpecError, parse_spec
 SEARCH_POINTS = 64      # model sizes the predicted crossing is first looked for at, log-spaced over the spec's
 SEARCH_HALVINGS = 30    # then bisected in log size
 ALPHABETA_COLUMNS = ["fabric", "collective", "model_bytes", "ticks", "bandwidth_bytes", "measured_s", "predicted_s",
-                     "bound_s", "measured_over_bound", "alpha_s", "beta_s_per_byte", "fitted_on"]
-CROSSOVER_COLUMNS = ["fabric", "first", "second", "predicted_bytes", "measured_bytes", "measured_over_predicted"]
+                     "bound_s", "measured_over_bound", "alpha_s", "beta_s_per_byte", "fabric_alpha_s",
+                     "fabric_beta_s_per_byte", "fabric_predicted_s", "fitted_on"]
+CROSSOVER_COLUMNS = ["fabric", "first", "second", "predicted_bytes", "fabric_predicted_bytes", "measured_bytes",
+                     "measured_over_predicted", "measured_over_fabric_predicted"]
 
 
 def fabric_axes(spec: Spec) -> list[str]:
@@ -93,6 +107,20 @@ def fit(points: list[tuple[int, float, float]]) -> tuple[float, float]:
     return (value, 0.0) if column == 0 else (0.0, value)
 
 
+def fit_rounds(points: list[tuple[str, int, float, float]]) -> tuple[dict[str, float], float]:
+    """An alpha >= 0 per algorithm and one beta >= 0 of T = ticks x alpha[algorithm] + bytes x beta, least
+    squares of the relative errors over (algorithm, ticks, bytes, T) points (see fit)."""
+    names = list(dict.fromkeys(name for name, *_ in points))
+    if not names:
+        return {}, 0.0
+    weights = np.array([1 / seconds if seconds > 0 else 0.0 for *_, seconds in points])
+    design = np.array([[ticks if name == other else 0 for other in names] + [nbytes]
+                       for name, ticks, nbytes, _ in points], dtype=float) * weights[:, None]
+    measured = np.array([seconds for *_, seconds in points]) * weights
+    solution, _ = nnls(design, measured)
+    return dict(zip(names, map(float, solution[:-1]))), float(solution[-1])
+
+
 def runs_table(spec: Spec, runs: pd.DataFrame) -> pd.DataFrame:
     """One row per all-reduce run that measured an iteration: its fabric, algorithm, model bytes, model
     terms, measured seconds and bound."""
@@ -115,8 +143,15 @@ def runs_table(spec: Spec, runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _ends(runs: pd.DataFrame) -> pd.Series:
+    """Whether each row is its algorithm's smallest or largest model (rows of one fabric)."""
+    sizes = runs.groupby("collective")["model_bytes"]
+    return (runs["model_bytes"] == sizes.transform("min")) | (runs["model_bytes"] == sizes.transform("max"))
+
+
 def alphabeta(table: pd.DataFrame) -> pd.DataFrame:
-    """table (runs_table), averaged over repetitions, with each fabric's alpha and beta and the prediction."""
+    """table (runs_table), averaged over repetitions, with each algorithm's alpha and its fabric's beta and the
+    prediction, and the fabric-wide fit's (see the module)."""
     if table.empty:
         return pd.DataFrame(columns=ALPHABETA_COLUMNS)
     keys = ["fabric", "collective", "model_bytes"]
@@ -125,13 +160,17 @@ def alphabeta(table: pd.DataFrame) -> pd.DataFrame:
         bound_s=("bound_s", "first")).reset_index()
     frames = []
     for _, fabric in means.groupby("fabric", sort=False):
-        sizes = fabric.groupby("collective")["model_bytes"]
-        ends = (fabric["model_bytes"] == sizes.transform("min")) | (fabric["model_bytes"] == sizes.transform("max"))
-        alpha, beta = fit(list(zip(fabric.loc[ends, "ticks"], fabric.loc[ends, "bandwidth_bytes"],
-                                   fabric.loc[ends, "measured_s"])))
-        frames.append(fabric.assign(alpha_s=alpha, beta_s_per_byte=beta,
-                                    predicted_s=fabric["ticks"] * alpha + fabric["bandwidth_bytes"] * beta,
-                                    fitted_on=ends))
+        ends = _ends(fabric)
+        fitted = fabric[ends]
+        fabric_alpha, fabric_beta = fit(list(zip(fitted["ticks"], fitted["bandwidth_bytes"], fitted["measured_s"])))
+        alphas, beta = fit_rounds(list(zip(fitted["collective"], fitted["ticks"], fitted["bandwidth_bytes"],
+                                           fitted["measured_s"])))
+        alpha = fabric["collective"].map(alphas)
+        frames.append(fabric.assign(
+            alpha_s=alpha, beta_s_per_byte=beta, predicted_s=fabric["ticks"] * alpha + fabric["bandwidth_bytes"] * beta,
+            fabric_alpha_s=fabric_alpha, fabric_beta_s_per_byte=fabric_beta,
+            fabric_predicted_s=fabric["ticks"] * fabric_alpha + fabric["bandwidth_bytes"] * fabric_beta,
+            fitted_on=ends))
     result = pd.concat(frames, ignore_index=True)
     result["measured_over_bound"] = result["measured_s"] / result["bound_s"]
     return result[ALPHABETA_COLUMNS]
@@ -172,21 +211,28 @@ def measured_crossing(sizes: list[float], first: list[float], second: list[float
 
 
 def crossovers(table: pd.DataFrame, fitted: pd.DataFrame) -> pd.DataFrame:
-    """Per fabric and pair of algorithms, the predicted and the measured crossing (see the module)."""
+    """Per fabric and pair of algorithms, the predicted crossings (per-algorithm and fabric-wide alpha and beta)
+    and the measured one (see the module)."""
     rows = []
     for fabric, runs in table.groupby("fabric", sort=False):
         model = fitted[fitted["fabric"] == fabric]
-        alpha, beta = float(model["alpha_s"].iloc[0]), float(model["beta_s_per_byte"].iloc[0])
         low, high = float(runs["model_bytes"].min()), float(runs["model_bytes"].max())
         curves = model.pivot_table(index="model_bytes", columns="collective", values="measured_s")
-        predictions = {name: Prediction(run, alpha, beta)
-                       for name, run in runs.groupby("collective")["run"].first().items()}
+        fits = model.groupby("collective")[["alpha_s", "beta_s_per_byte", "fabric_alpha_s",
+                                            "fabric_beta_s_per_byte"]].first()
+        examples = runs.groupby("collective")["run"].first()
+        own = {name: Prediction(run, *fits.loc[name, ["alpha_s", "beta_s_per_byte"]]) for name, run in examples.items()}
+        shared = {name: Prediction(run, *fits.loc[name, ["fabric_alpha_s", "fabric_beta_s_per_byte"]])
+                  for name, run in examples.items()}
         for first, second in itertools.combinations(list(dict.fromkeys(runs["collective"])), 2):
-            predicted = predicted_crossing(predictions[first], predictions[second], low, high)
+            predicted = predicted_crossing(own[first], own[second], low, high)
+            fabric_predicted = predicted_crossing(shared[first], shared[second], low, high)
             both = curves[[first, second]].dropna()
             measured = measured_crossing(list(both.index), list(both[first]), list(both[second]))
             rows.append({"fabric": fabric, "first": first, "second": second, "predicted_bytes": predicted,
-                         "measured_bytes": measured, "measured_over_predicted": measured / predicted})
+                         "fabric_predicted_bytes": fabric_predicted, "measured_bytes": measured,
+                         "measured_over_predicted": measured / predicted,
+                         "measured_over_fabric_predicted": measured / fabric_predicted})
     return pd.DataFrame(rows, columns=CROSSOVER_COLUMNS)
 
 

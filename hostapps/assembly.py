@@ -88,8 +88,8 @@ def connect_transport(cfg: ProcessConfig, recorder: Recorder, max_message_bytes:
     me = Peer(cfg.role, cfg.rank)
     listen = (cfg.workers if cfg.role == "worker" else cfg.servers)[cfg.rank]
     if cfg.transport == "mlt":
-        transport: TcpTransport | MltTransport = MltTransport(me, listen, cfg.tag, cfg.timeout,
-                                                              options=mlt_options(cfg, max_message_bytes),
+        options = mlt_options(cfg, max_message_bytes, allreduce_precedence=cfg.mode == "allreduce")
+        transport: TcpTransport | MltTransport = MltTransport(me, listen, cfg.tag, cfg.timeout, options=options,
                                                               log=recorder.log_message)
     else:
         transport = TcpTransport(me, listen, cfg.tag, cfg.timeout, recorder.log_message, cfg.source_port,

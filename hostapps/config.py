@@ -186,7 +186,8 @@ def inert_knobs(job: Training) -> list[tuple[str, str]]:
                           "has none" if job.mode != "allreduce" else "cuts its own")))
     if job.partition_bytes != Training.partition_bytes and not (job.mode == "allreduce" and (
             order in ("caramel", "bytescheduler") or ALLREDUCES[job.collective].pipelined)):
-        pipelined = " and ".join(name for name, cls in ALLREDUCES.items() if cls.pipelined)
+        names = [name for name, cls in ALLREDUCES.items() if cls.pipelined]
+        pipelined = " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
         inert.append(("partition_bytes", f"only caramel's and bytescheduler's all-reduce units and the {pipelined} "
                       f"all-reduces' pipeline segments use it, not send order {order} with collective "
                       f"{job.collective} in {job.mode} mode"))

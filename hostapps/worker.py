@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 
 from hostapps import timing
-from hostapps.allreduce import GATHER, Segment, ring_neighbours, run_allreduce
+from hostapps.allreduce import GATHER, PeerSenders, Segment, ring_neighbours, run_allreduce
 from hostapps.collectives import (PS_PULL, PS_PUSH, assign_shards, float_parts, ps_key, ps_phase, ps_request_key,
                                   ring_min)
 from hostapps.assembly import agrees, allreduce_of, connect_transport, largest_message_bytes, plan_pieces
@@ -94,6 +94,7 @@ class AllReduceSync(GradientSync):
         self.algorithm = allreduce_of(cfg)
         largest = max(piece.where.stop - piece.where.start for piece in self.pieces)
         self.scratch = np.empty(self.algorithm.scratch_elements(cfg.rank, largest), dtype=np.float32)
+        self.senders = PeerSenders(transport)  # its threads start with the first message to each peer
         self.sgd = Sgd(cfg.lr, cfg.momentum, model.params.size)
         self.updated = [-1] * len(model.layers)  # last iteration whose update each layer holds
         self.cond = threading.Condition()
@@ -130,7 +131,8 @@ class AllReduceSync(GradientSync):
             segments += [Segment(unit.tensor, k * algorithm.steps, flat[lo:hi]) for k, (lo, hi) in enumerate(bounds)]
         names = self.tensor_names()
         with self.recorder.span(f"allreduce {' '.join(names[u.tensor][0] for u in units)}", "comm"):
-            run_allreduce(self.transport, algorithm, cfg.rank, units[0].iteration, segments, self.scratch)
+            run_allreduce(self.transport, algorithm, cfg.rank, units[0].iteration, segments, self.scratch,
+                          self.senders)
         for unit in units:
             self.sgd.step(self.pieces[unit.tensor].where, self.model.params, self.model.grads)
         with self.cond:
@@ -159,6 +161,12 @@ class AllReduceSync(GradientSync):
 
     def phase_of(self, tensor: int, step: int) -> str:
         return GATHER if tensor == self.agreement_tensor else self.algorithm.phase(step)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self.senders.close(join=False)  # idle by now: every all-reduce waited for its sends
 
 
 class PushPullSync(GradientSync):

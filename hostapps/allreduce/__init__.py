@@ -6,12 +6,12 @@ back). A new algorithm is a module here whose AllReduce subclass is decorated wi
 @register_allreduce(name), imported below: the spec's and the command line's choices, the host apps,
 the runner's bounds and host traffic (experiments/traffic.py) all read the registry.
 """
-from hostapps.allreduce.schedule import (ALLREDUCES, GATHER, PHASES, REDUCE, STEP_VALUES, AllReduce, Round,
-                                         Segment, Transfer, allreduce_names, chunk_bounds, make_allreduce,
-                                         register_allreduce, run_allreduce)
+from hostapps.allreduce.schedule import (ALLREDUCES, GATHER, PHASES, REDUCE, STEP_VALUES, AllReduce,
+                                         PeerSenders, Round, Segment, Transfer, allreduce_names, chunk_bounds,
+                                         make_allreduce, register_allreduce, run_allreduce)
 from hostapps.allreduce.ring import Ring, ring_allreduce, ring_neighbours, ring_phase
 from hostapps.allreduce import halving_doubling, hierarchical, tree  # noqa: F401 (each registers itself)
 
-__all__ = ["ALLREDUCES", "GATHER", "PHASES", "REDUCE", "STEP_VALUES", "AllReduce", "Ring", "Round", "Segment",
-           "Transfer", "allreduce_names", "chunk_bounds", "make_allreduce", "register_allreduce", "ring_allreduce",
-           "ring_neighbours", "ring_phase", "run_allreduce"]
+__all__ = ["ALLREDUCES", "GATHER", "PHASES", "REDUCE", "STEP_VALUES", "AllReduce", "PeerSenders", "Ring", "Round",
+           "Segment", "Transfer", "allreduce_names", "chunk_bounds", "make_allreduce", "register_allreduce",
+           "ring_allreduce", "ring_neighbours", "ring_phase", "run_allreduce"]

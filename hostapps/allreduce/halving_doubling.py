@@ -21,10 +21,18 @@ class HalvingDoubling(AllReduce):
     p ranks left run the above; the odd ranks send the mean back to their even partners at the end (GATHER).
     Two rounds and two segments' bytes more on those ranks.
 
+    Pipelined over segments of --partition-bytes, as the tree is: unpipelined, the fold round loads only the
+    folded ranks' uplinks and the unfold only their downlinks, so the rounds' busiest links add up to 3.5
+    models for 6 ranks where the busiest link carries 2.5; with segments in flight one segment's fold shares
+    the links with older segments' halving, doubling and unfold, and once the pipeline is full every round
+    loads both directions of the busiest links.
+
     Loss: the fold and the halving messages are contributions to sums and tolerate it (zero-fill, as the
     ring's reduce-scatter); the doubling and the unfold are exact.  Each chunk's mean is finished by one
     rank and copied from there, so every rank ends bit-identical.
     """
+
+    pipelined = True
 
     def __init__(self, world: int, leaves=()):
         super().__init__(world, leaves)

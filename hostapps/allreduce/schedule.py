@@ -20,6 +20,8 @@ on exactly one rank and only copies it from there, so every rank ends bit-identi
 """
 from __future__ import annotations
 
+import queue
+import threading
 from typing import Callable, ClassVar, Iterator, NamedTuple, Sequence
 
 import numpy as np
@@ -193,14 +195,87 @@ class Segment(NamedTuple):
     flat: np.ndarray
 
 
-def _segment_rounds(transport: Transport, algorithm: AllReduce, workers: Sequence[Peer], rank: int,
-                    iteration: int, segment: Segment, scratch: np.ndarray) -> Iterator[None]:
+class PeerSenders:
+    """A thread per peer that sends this rank's messages to it in the order they are given, while the caller
+    goes on to its receives.
+
+    A transport's send returns once the message's first pass has left, paced at the share of the receiver's
+    link that the receiver advises: half of it while another rank sends to it too.  Sent one after the
+    other from one thread, a round's messages to several peers (a tree's parent and children, the
+    halving-doubling partners of a pipeline's segments) would each leave the rest of this host's link idle;
+    a thread per peer lets the transport send them side by side (the link shared as its pacing allows), and
+    a segment's receives wait for no send of another.  Each message is copied when given, so the caller may
+    overwrite its range at once (a GATHER received into what was just sent)."""
+
+    def __init__(self, transport: Transport):
+        self.transport = transport
+        self._queues: dict[Peer, queue.SimpleQueue] = {}
+        self._threads: list[threading.Thread] = []
+        self._done = threading.Condition()
+        self._pending = 0
+        self._error: BaseException | None = None
+
+    def send(self, peer: Peer, key: MessageKey, array: np.ndarray, tolerate_loss: bool) -> None:
+        self.check()
+        if peer not in self._queues:
+            self._queues[peer] = queue.SimpleQueue()
+            thread = threading.Thread(target=self._send_loop, args=(peer, self._queues[peer]), daemon=True,
+                                      name=f"allreduce-send-{peer}")
+            thread.start()
+            self._threads.append(thread)
+        with self._done:
+            self._pending += 1
+        self._queues[peer].put((key, array.copy(), tolerate_loss))
+
+    def _send_loop(self, peer: Peer, messages: queue.SimpleQueue) -> None:
+        while (message := messages.get()) is not None:
+            key, payload, tolerate_loss = message
+            try:
+                if self._error is None:
+                    self.transport.send(peer, key, payload, tolerate_loss=tolerate_loss)
+            except BaseException as error:  # the caller raises it (check, wait): a receive may be waiting
+                with self._done:
+                    self._error = self._error or error
+            finally:
+                with self._done:
+                    self._pending -= 1
+                    self._done.notify_all()
+
+    def check(self) -> None:
+        """Raise what a send failed with."""
+        if self._error is not None:
+            raise self._error
+
+    def wait(self) -> None:
+        """Until every message given has left (its first pass: as a transport's send returns)."""
+        with self._done:
+            while self._pending and self._error is None:
+                self._done.wait()
+        self.check()
+
+    def close(self, join: bool = True) -> None:
+        """Stop the threads once they sent what they were given (join: wait for that; after a failure the
+        caller need not wait for sends that may only end at their timeout)."""
+        for messages in self._queues.values():
+            messages.put(None)
+        if join:
+            for thread in self._threads:
+                thread.join()
+        self._queues.clear()
+        self._threads.clear()
+
+
+SendFunction = Callable[[Peer, MessageKey, np.ndarray, bool], None]
+
+
+def _segment_rounds(send: SendFunction, transport: Transport, algorithm: AllReduce, workers: Sequence[Peer],
+                    rank: int, iteration: int, segment: Segment, scratch: np.ndarray) -> Iterator[None]:
     """Run one segment's rounds, yielding after each round's sends: the next resumption takes its receives."""
     flat, scale = segment.flat, np.float32(1.0 / algorithm.world)
     for done in algorithm.rounds(rank, flat.size):
         for t in done.sends:
-            transport.send(workers[t.peer], MessageKey(iteration, segment.tensor, segment.first_step + t.step),
-                           flat[t.lo:t.hi], tolerate_loss=t.reduce)
+            send(workers[t.peer], MessageKey(iteration, segment.tensor, segment.first_step + t.step),
+                 flat[t.lo:t.hi], t.reduce)
         yield
         for t in done.recvs:
             key = MessageKey(iteration, segment.tensor, segment.first_step + t.step)
@@ -215,18 +290,46 @@ def _segment_rounds(transport: Transport, algorithm: AllReduce, workers: Sequenc
 
 
 def run_allreduce(transport: Transport, algorithm: AllReduce, rank: int, iteration: int,
-                  segments: Sequence[Segment], scratch: np.ndarray | None = None) -> None:
+                  segments: Sequence[Segment], scratch: np.ndarray | None = None,
+                  senders: PeerSenders | None = None) -> None:
     """Replace every segment in place by its mean over the ranks, as a wavefront: segment k starts one round
     after segment k-1, so one segment's reduction and latency overlap the others' transfers (a pipeline).
-    `scratch` holds the largest REDUCE message this rank receives (scratch_elements), or is made here."""
+    `scratch` holds the largest REDUCE message this rank receives (scratch_elements), or is made here.
+
+    A rank that sends to more than one peer sends through `senders` (PeerSenders: a thread per peer; one is
+    made for the call if none is given) and returns once all its messages have left; one that sends to a
+    single peer (the ring's) sends from the calling thread, which has nothing else to do meanwhile."""
     if algorithm.world == 1:
         return
     if scratch is None:
         scratch = np.empty(max(algorithm.scratch_elements(rank, s.flat.size) for s in segments), np.float32)
     workers = [Peer("worker", r) for r in range(algorithm.world)]
-    waiting = [_segment_rounds(transport, algorithm, workers, rank, iteration, s, scratch) for s in segments]
-    active: list[Iterator[None]] = []
-    while waiting or active:
-        if waiting:
-            active.append(waiting.pop(0))
-        active = [run for run in active if next(run, StopIteration) is not StopIteration]
+    destinations = {t.peer for s in segments for r in algorithm.rounds(rank, s.flat.size) for t in r.sends}
+    own = None
+    if len(destinations) > 1 and senders is None:
+        senders = own = PeerSenders(transport)
+    if len(destinations) <= 1:
+        senders = None
+
+    def send(peer: Peer, key: MessageKey, array: np.ndarray, tolerate_loss: bool) -> None:
+        if senders is None:
+            transport.send(peer, key, array, tolerate_loss=tolerate_loss)
+        else:
+            senders.send(peer, key, array, tolerate_loss)
+    try:
+        waiting = [_segment_rounds(send, transport, algorithm, workers, rank, iteration, s, scratch) for s in segments]
+        active: list[Iterator[None]] = []
+        while waiting or active:
+            if waiting:
+                active.append(waiting.pop(0))
+            active = [run for run in active if next(run, StopIteration) is not StopIteration]
+            if senders is not None:
+                senders.check()
+        if senders is not None:
+            senders.wait()
+    except BaseException:
+        if own is not None:
+            own.close(join=False)
+        raise
+    if own is not None:
+        own.close()

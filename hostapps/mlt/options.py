@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, kw_only=True)
 class MltOptions:
-    """mlt's knobs: each field but the last is the ProcessConfig knob of the same name, declared (with its
+    """mlt's knobs: each field but the last two is the ProcessConfig knob of the same name, declared (with its
     default, its check and its help) once, in hostapps/config.py; hostapps.assembly.mlt_options builds this
     from a process's config by name."""
     loss_bound: float         # fraction of a message's bytes that may stay missing
@@ -26,6 +26,10 @@ class MltOptions:
     # the largest message any process of the job sends (from its model): a DATA frame declaring more is dropped,
     # not allocated
     max_message_bytes: int
+    # a worker's first passes of one iteration and class: to a peer slowed by its receiver first, then the lowest
+    # message step (an all-reduce's: its pipeline's oldest segment, the one every rank waits for), rather than
+    # to the peer it sent the most to (a parameter-server worker's shards: one's whole share before the next's)
+    allreduce_precedence: bool = False
 
     @property
     def quiet_s(self) -> float:

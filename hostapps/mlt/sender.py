@@ -150,6 +150,7 @@ class Sender:
         self.me, self.tag, self.timeout, self.stats = me, tag, timeout, stats
         self.fragment_bytes, self.loss_bound = options.mtu_payload, options.loss_bound
         self.drop_marking, self.layer_dscp = options.drop_marking, options.layer_dscp
+        self.allreduce_precedence = options.allreduce_precedence
         self.pacer = HostPacer(options.link_mbps * 1e6 / 8)
         self.outgoing: dict[tuple[Peer, MessageKey], Outgoing] = {}
         self._passes: dict[Peer, deque[Pass]] = {}  # only peers with a pass waiting
@@ -221,10 +222,19 @@ class Sender:
                     return False
         return True
 
-    def _precedence(self, message: Outgoing) -> tuple[int, int, int, int]:
+    def _precedence(self, message: Outgoing) -> tuple[int, ...]:
         """Which first pass goes first: the most important class, the oldest iteration, then the peer this
         host has already sent the most of that iteration (one peer's whole share before the next's, so that
         peers finish at different times, as TCP's unfair sharing lets them), the fewest bytes left.
+
+        With allreduce_precedence (an all-reduce's worker, whose messages to several peers are under way side
+        by side: allreduce.PeerSenders), after the iteration a peer slowed below the link (its receiver
+        shares its link) before one at the link's rate, then the lowest step: the slowed one leaves room for
+        the next beside it, where at the link's rate first the slowed one would run alone afterwards, half
+        the link idle (a hierarchical chain's middle rank: the broadcast to its top rank, alone on its link,
+        then the partial sum to its leader, who shares its link with the leaders' ring); then a pipeline's
+        oldest segment, the one every rank waits for, where by the peer served most a tree's rank held one
+        child's message 100 ms behind the others'.
 
         A parameter server's shard puts that peer before the class: a worker goes on only once it has every
         layer, the least important one included.  By class first, a back layer aggregated last (one worker's
@@ -235,6 +245,9 @@ class Sender:
         left = message.fragments - message.handed_out
         if self.me.role == "server":
             return (message.key.iteration, peer_first, rank, left)
+        if self.allreduce_precedence:
+            rate = self.pacer.rates[message.peer]
+            return (rank, message.key.iteration, int(rate.rate >= rate.ceiling), message.key.step, left)
         return (rank, message.key.iteration, peer_first, left)
 
     def first_pass_over(self, message: Outgoing) -> None:

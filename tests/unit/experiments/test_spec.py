@@ -47,10 +47,10 @@ MALFORMED = [
     ("topology: {leaves: 4, hosts_per_leaf: 1}\njob: {collective: hierarchical}",
      "job.collective: 'hierarchical' is not allowed (ring, halving_doubling or tree here: each of the 4 workers is "
      "alone on its leaf, so the leaders' ring is the flat ring and it would change nothing)"),
-    ("job: {collective: halving_doubling, partition_bytes: 4096}",
+    ("job: {collective: ring, partition_bytes: 4096}",
      "job.partition_bytes: 4096 is not allowed (65536 here: only caramel's and bytescheduler's all-reduce units "
-     "and the hierarchical and tree all-reduces' pipeline segments use it, not send order ready with collective "
-     "halving_doubling in allreduce mode, so it would change nothing)"),
+     "and the halving_doubling, hierarchical and tree all-reduces' pipeline segments use it, not send order ready "
+     "with collective ring in allreduce mode, so it would change nothing)"),
     ("job: {model: {name: gpt2}}",
      "job.model.name: 'gpt2' is not allowed (one of mlp, resnet50, vgg16, bert_base, inception_v3, bert_base_tf, "
      "trace)"),
@@ -291,7 +291,7 @@ def test_empty_spec_is_one_run_of_defaults():
 
 SHIPPED_SPEC_RUNS = {"smoke": 2, "default": 24, "headline": 59, "ablation": 53, "headline_contended": 18,
                      "loss_sweep": 12, "tictac": 24, "caramel": 18, "lossy_allreduce": 6, "scale": 6, "spraying": 24,
-                     "bring_your_own": 2, "collectives": 72, "multijob": 18}
+                     "bring_your_own": 2, "collectives": 144, "multijob": 18}
 
 
 @pytest.mark.parametrize("name,runs", SHIPPED_SPEC_RUNS.items())

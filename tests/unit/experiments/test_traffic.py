@@ -89,7 +89,7 @@ def hops_s(fabric: float = 100, host: float = 100, cross: bool = True) -> float:
 
 def allreduce_run(collective: str, *sets: str) -> Run:
     # a pipeline segment larger than the 1 MB model: one segment, every tick by hand
-    pipeline = ("job.partition_bytes=1048576",) if collective in ("tree", "hierarchical") else ()
+    pipeline = ("job.partition_bytes=1048576",) if collective != "ring" else ()
     return run_of("allreduce", f"job.collective={collective}", *pipeline, "exclude=[{mode: ps}]", *sets)
 
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import example, given, settings, strategies as st, HealthCheck
 
 from hostapps import codec
-from hostapps.allreduce import (GATHER, REDUCE, Ring, Segment, allreduce_names, chunk_bounds, make_allreduce,
-                                ring_allreduce, ring_neighbours, ring_phase, run_allreduce)
+from hostapps.allreduce import (GATHER, REDUCE, PeerSenders, Ring, Segment, allreduce_names, chunk_bounds,
+                                make_allreduce, ring_allreduce, ring_neighbours, ring_phase, run_allreduce)
 from hostapps.collectives import PS_PULL, PS_PUSH, ps_phase
 from hostapps.assembly import mlt_options, peers_to_connect
 from hostapps.config import Model, ProcessConfig, build_model
@@ -104,6 +104,52 @@ def test_every_allreduce_is_the_mean_on_every_rank(loopback_addresses, name, wor
     for a in arrays:
         np.testing.assert_allclose(a, expected, rtol=1e-5, atol=1e-5)
     assert all(np.array_equal(arrays[0], a) for a in arrays)
+
+
+class HeldTransport:
+    """Records what is sent; a send to a peer in `held` waits until `release` is set."""
+
+    def __init__(self, held=(), fail=()):
+        self.held, self.fail = set(held), set(fail)
+        self.release = threading.Event()
+        self.sent = []
+
+    def send(self, peer, key, array, tolerate_loss=False):
+        if peer in self.fail:
+            raise TransportError(f"{peer} is gone")
+        if peer in self.held:
+            assert self.release.wait(5)
+        self.sent.append((peer, key, array.tolist()))
+
+
+def test_peer_senders_send_to_one_peer_while_another_holds_its_message_and_in_order_to_each():
+    a, b = Peer("worker", 1), Peer("worker", 2)
+    transport = HeldTransport(held={a})
+    senders = PeerSenders(transport)
+    values = np.arange(3, dtype=np.float32)
+    senders.send(a, MessageKey(0, 0, 0), values, True)
+    for step in (1, 2):
+        senders.send(b, MessageKey(0, 0, step), values, False)
+    values[:] = -1  # copied when given: what was sent is what the array held then
+    deadline = time.monotonic() + 5
+    while len(transport.sent) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [(peer, key.step) for peer, key, _ in transport.sent] == [(b, 1), (b, 2)]  # b's, while a's waits
+    transport.release.set()
+    senders.wait()
+    assert transport.sent[-1] == (a, MessageKey(0, 0, 0), [0.0, 1.0, 2.0])
+    senders.close()
+
+
+def test_a_failed_send_of_the_peer_senders_is_raised_to_the_caller():
+    transport = HeldTransport(fail={Peer("worker", 1)})
+    senders = PeerSenders(transport)
+    senders.send(Peer("worker", 1), MessageKey(0, 0, 0), np.zeros(2, np.float32), False)
+    with pytest.raises(TransportError, match="gone"):
+        senders.wait()
+    with pytest.raises(TransportError):
+        senders.send(Peer("worker", 2), MessageKey(0, 0, 1), np.zeros(2, np.float32), False)
+    senders.close()
 
 
 PS_WORLD, PS_LR = 3, 0.5

@@ -81,9 +81,9 @@ LAYER_DSCP = "is not TENSOR:DSCP with TENSOR 0..4294967295 and DSCP 0..63"
                                     "has one; ps mode pushes to and pulls from its servers, so it would change "
                                     "nothing)"),
     (["--partition-bytes", "4096"], "--partition-bytes: 4096 is not allowed (65536 here: only caramel's and "
-                                    "bytescheduler's all-reduce units and the hierarchical and tree all-reduces' "
-                                    "pipeline segments use it, not send order ready with collective ring in "
-                                    "allreduce mode, so it would change nothing)"),
+                                    "bytescheduler's all-reduce units and the halving_doubling, hierarchical and tree "
+                                    "all-reduces' pipeline segments use it, not send order ready with collective ring "
+                                    "in allreduce mode, so it would change nothing)"),
     (["--bogus", "1"], "unrecognized arguments: --bogus 1"),
 ])
 def test_a_bad_number_is_one_line_naming_its_flag(args, message, capsys):

@@ -319,6 +319,27 @@ def test_a_parameter_server_finishes_the_worker_it_served_most_before_any_class_
     high = submit(pusher, OTHER, KEY._replace(tensor=1))
     assert pusher.has_turn(high) and not pusher.has_turn(low)
 
+def test_an_allreduce_worker_sends_the_lowest_step_first_whatever_it_sent_each_peer():
+    """A pipeline's oldest segment is what every rank waits for: the peer served most goes first no more."""
+    machine = sender(allreduce_precedence=True)
+    first_pass(machine, submit(machine, RECEIVER, KEY._replace(step=1)))  # RECEIVER served most this iteration
+    later = submit(machine, RECEIVER, KEY._replace(step=9))
+    older = submit(machine, OTHER, KEY._replace(step=4))
+    assert machine.has_turn(older) and not machine.has_turn(later)
+    previous = submit(machine, RECEIVER, KEY._replace(iteration=2, step=30))  # an older iteration still first
+    assert machine.has_turn(previous) and not machine.has_turn(older)
+
+
+def test_an_allreduce_worker_sends_to_a_slowed_peer_first_and_beside_it_to_one_at_the_links_rate():
+    machine = sender(allreduce_precedence=True)
+    alone = submit(machine, RECEIVER, KEY._replace(step=1))           # its receiver's link is its own
+    shared = submit(machine, OTHER, KEY._replace(step=5))             # its receiver shares its link: half
+    machine.advise(OTHER, 100e6 / 8 / 2)
+    assert machine.has_turn(shared) and machine.has_turn(alone)        # side by side: the link full
+    machine.advise(OTHER, 100e6 / 8)
+    assert machine.has_turn(alone) and not machine.has_turn(shared)    # both at the link's rate: the lower step
+
+
 def test_a_first_pass_goes_beside_those_ahead_while_their_peers_leave_the_link_free():
     machine = sender()
     ahead = submit(machine, RECEIVER)
