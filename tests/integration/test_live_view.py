@@ -58,7 +58,8 @@ def test_live_view_in_a_headless_browser(tmp_path):
     status, _, stderr = finish(runner, timeout=240)
     assert status == 0, stderr[-2000:]
     assert "Experiment faults" in first and "running" in first
-    counts = [int(re.search(r'class="iterations" data-count="(\d+)"', dom).group(1)) for dom in (first, second)]
+    counts = [int(re.search(r'class="iterations"[^>]*? data-count="(\d+)"', dom).group(1))
+              for dom in (first, second)]
     assert counts[1] > counts[0] >= 3, counts
     before, after = link_utilizations(first), link_utilizations(second)
     assert len(before) == 8, "a 2x2x2 fabric has 8 links"
