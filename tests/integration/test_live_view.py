@@ -42,7 +42,7 @@ def link_utilizations(dom: str) -> dict[str, float]:
 def test_live_view_in_a_headless_browser(tmp_path):
     port = free_port()
     out = tmp_path / "out"
-    runner = experiments_cli(str(FAULTS), "--out", str(out), "--set", "repetitions=1", "--set", "job.iterations=40",
+    runner = experiments_cli(str(FAULTS), "--out", str(out), "--set", "repetitions=1", "--set", "job.iterations=25",
                              "--live", str(port), cwd=tmp_path)
     url = f"http://127.0.0.1:{port}/"
     log = out / "runs" / "rep=1" / "h1-worker0" / "stdout.log"
