@@ -45,8 +45,7 @@ def effects(runs: pd.DataFrame, spec: Spec) -> pd.DataFrame:
     axis, baseline = spec.baseline
     trusted = runs[runs["fidelity_ok"].ne(False)]  # a failed run has no times: its pair drops out too
     values = trusted.set_index("run_id")[["iter_time_mean_s", "final_accuracy"]]
-    placed = (runs.set_index("run_id")["placement"].astype(object).fillna("").astype(str) if "placement" in runs
-              else pd.Series(dtype=str))
+    placed = _placement_texts(runs).set_axis(runs["run_id"])
     points: dict[tuple, dict[str, str]] = {}
     run_ids: dict[tuple, dict[int, str]] = {}
     for run in spec.runs:
@@ -57,9 +56,8 @@ def effects(runs: pd.DataFrame, spec: Spec) -> pd.DataFrame:
         ids = run_ids[tuple(axes.values())]
         return [values[column].get(ids[rep], float("nan")) for rep in reps]
 
-    def speedup(before: dict[str, str], after: dict[str, str]) -> Effect:
+    def speedup(before: dict[str, str], after: dict[str, str], shared: list[int]) -> Effect:
         ids_before, ids_after = run_ids[tuple(before.values())], run_ids[tuple(after.values())]
-        shared = sorted(set(ids_before) & set(ids_after))
         alike = all(placed.get(ids_before[rep], "") == placed.get(ids_after[rep], "") for rep in shared)
         if alike and shared:
             return paired_ratio(series(before, "iter_time_mean_s", shared), series(after, "iter_time_mean_s", shared),
@@ -79,8 +77,8 @@ def effects(runs: pd.DataFrame, spec: Spec) -> pd.DataFrame:
             if other is None or tuple(other.values()) not in points:
                 continue
             scheme, other_scheme = _scheme(axes), _scheme(other)
-            rows.append(_row(mode, scheme, other_scheme, comparison, "speedup", speedup(other, axes)))
             shared = sorted(set(run_ids[tuple(other.values())]) & set(run_ids[tuple(axes.values())]))
+            rows.append(_row(mode, scheme, other_scheme, comparison, "speedup", speedup(other, axes, shared)))
             rows.append(_row(mode, scheme, other_scheme, comparison, "accuracy_delta_pt",
                              _in_points(paired_difference(series(other, "final_accuracy", shared),
                                                           series(axes, "final_accuracy", shared),
@@ -105,6 +103,13 @@ def describe(effect: pd.Series) -> str:
     return f"{effect['estimate']:+.1f} pt{interval}"
 
 
+def _placement_texts(runs: pd.DataFrame) -> pd.Series:
+    """runs.csv's `placement` per row as text, "" where none was measured (or the table has none)."""
+    if "placement" not in runs:
+        return pd.Series("", index=runs.index)
+    return runs["placement"].astype(object).fillna("").astype(str)
+
+
 def placement_share(runs: pd.DataFrame) -> pd.DataFrame:
     """Per mode and scheme, how much of the runs' iteration-time variance their placement explains.
     The runs are grouped by their measured placement (runs.csv's `placement`: the same 5-tuples on
@@ -115,11 +120,12 @@ def placement_share(runs: pd.DataFrame) -> pd.DataFrame:
     appearance, with its runs and mean time), placement_share, run_sd (the pooled within-placement
     standard deviation of the log times)."""
     columns = ["mode", "scheme", "runs", "classes", "placement_share", "run_sd"]
-    by_placement = "placement" in runs and runs["placement"].astype(object).fillna("").astype(str).ne("").any()
+    runs = runs.assign(placement=_placement_texts(runs).to_numpy())
+    by_placement = runs["placement"].ne("").any()
     key = "placement" if by_placement else "max_flows_per_uplink"
     known = runs.dropna(subset=["iter_time_mean_s", key])
     if by_placement:
-        known = known[known["placement"].astype(str).ne("")]
+        known = known[known["placement"].ne("")]
     if "fidelity_ok" in known:
         known = known[known["fidelity_ok"].ne(False)]
     rows = []
