@@ -26,6 +26,7 @@ from mininet.util import errRun
 
 from common.files import atomic_open
 from topologies.cluster import LOCAL, ClusterError, placement
+from topologies.marks import HAND_RUN, interface_alias
 from topologies.nodes import FabricHost, FabricLink, OVSUserSwitch, ShapedIntf
 
 LOOPBACK = "127.0.0.1"
@@ -87,10 +88,11 @@ VXLAN_OVERHEAD = 50  # outer IPv4 20, UDP 8, VXLAN 8, inner Ethernet 14: the und
 
 
 def vxlan_tunnel(node1, node2, name1: str, name2: str, addr1: str | None, addr2: str | None, vni: int,
-                 local_ip: str, move: Callable) -> None:
+                 local_ip: str, move: Callable, owner: str = HAND_RUN) -> None:
     """One crossing link: a VXLAN device on each node's server, `local_ip` (node1's server) and
     node2's server address its ends, moved into each node (`move(name, node)`). The kernels of this
-    machine kind have VXLAN built in and no GRE at all."""
+    machine kind have VXLAN built in and no GRE at all. Each end carries its owner's mark from the
+    moment it exists, so a fabric killed while it builds leaves no tunnel clean-up cannot find."""
     for node, name, addr, local, remote_ip in ((node1, name1, addr1, local_ip, node2.serverIP),
                                                (node2, name2, addr2, node2.serverIP, local_ip)):
         node.rcmd(f"ip link delete {shlex.quote(name)}")
@@ -98,6 +100,7 @@ def vxlan_tunnel(node1, node2, name1: str, name2: str, addr1: str | None, addr2:
                          f"remote {remote_ip} dstport {VXLAN_PORT}")
         if said.strip():
             raise ClusterError(f"cluster: making the VXLAN end {name} on {node.server} failed: {said.strip()}")
+        node.rcmd(f"ip link set dev {shlex.quote(name)} alias {shlex.quote(interface_alias(owner))}")
         if addr:
             node.rcmd(f"ip link set {shlex.quote(name)} address {addr}")
         node.rcmd(f"ip link set dev {shlex.quote(name)} up")
@@ -112,6 +115,7 @@ class RemoteFabricLink(RemoteGRELink):
 
     def __init__(self, node1, node2, **params):
         params.update(cls1=ShapedIntf, cls2=ShapedIntf)
+        self.owner = params.get("owner", HAND_RUN)
         super().__init__(node1, node2, **params)
 
     def makeTunnel(self, node1, node2, intfname1, intfname2, addr1=None, addr2=None):
@@ -120,7 +124,7 @@ class RemoteFabricLink(RemoteGRELink):
         local_ip = controller_address([node1.server, node2.server]) if node1.server == LOCAL else node1.serverIP
         RemoteFabricLink.vni += 1
         vxlan_tunnel(node1, node2, intfname1, intfname2, addr1, addr2, RemoteFabricLink.vni, local_ip,
-                     self.moveIntf)
+                     self.moveIntf, self.owner)
 
 
 def terminate(node) -> None:

@@ -151,7 +151,9 @@ def sshd_config(state: ServerState) -> str:
 
 
 def ssh_client_config(state: ServerState) -> str:
-    """For this server's address only: its client key and known host, nothing from ~/.ssh."""
+    """For this server's address only: its client key and known host, nothing from ~/.ssh. Mininet
+    keeps a shell per node open over ssh and waits on it without a timeout, so a server that is gone
+    must end the connection (refused within ConnectTimeout, silent for 3 keep-alives of 10 s)."""
     return "\n".join([
         f"# dnn-testbed emulated server {state.name} (python -m emulation.emulated_server stop --name {state.name} "
         "removes this file)",
@@ -161,6 +163,9 @@ def ssh_client_config(state: ServerState) -> str:
         f"    UserKnownHostsFile {state.key('known_hosts')}",
         "    GlobalKnownHostsFile /dev/null",
         "    StrictHostKeyChecking yes",
+        "    ConnectTimeout 10",
+        "    ServerAliveInterval 10",
+        "    ServerAliveCountMax 3",
         "    ForwardAgent no", ""])
 
 

@@ -2,6 +2,7 @@
 servers (an underlay veth between them sized for VXLAN), two more play a node on each, and
 emulation.cluster.vxlan_tunnel joins the nodes as it does across real servers. A jumbo frame must
 cross it unfragmented."""
+import json
 import subprocess
 import uuid
 from dataclasses import dataclass
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from emulation.cluster import VXLAN_OVERHEAD, vxlan_tunnel
+from topologies.marks import fabric_owner, owner_of_alias
 
 MTU = 9000
 
@@ -66,7 +68,12 @@ def move(name: str, node: NamespacedNode) -> None:
 
 def test_a_jumbo_frame_crosses_a_vxlan_link_between_two_servers(two_servers):
     node1, node2 = two_servers
-    vxlan_tunnel(node1, node2, "leaf1-eth3", "spine1-eth1", None, None, vni=7, local_ip=node1.serverIP, move=move)
+    owner = fabric_owner("tunnel1")
+    vxlan_tunnel(node1, node2, "leaf1-eth3", "spine1-eth1", None, None, vni=7, local_ip=node1.serverIP, move=move,
+                 owner=owner)
+    for node, name in ((node1, "leaf1-eth3"), (node2, "spine1-eth1")):  # what clean-up looks for
+        [link] = json.loads(sh("ip", "-n", node.node_ns, "-j", "link", "show", name).stdout)
+        assert owner_of_alias(link.get("ifalias")) == owner, link
     for node, address in ((node1, "192.168.250.1/24"), (node2, "192.168.250.2/24")):
         name = "leaf1-eth3" if node is node1 else "spine1-eth1"
         for command in (["link", "set", name, "mtu", str(MTU)], ["addr", "add", address, "dev", name],

@@ -50,3 +50,9 @@ def test_sshd_runs_in_the_servers_namespace_with_its_own_openvswitch_folders():
     for key, path in OVS_DIRS.items():
         assert f"mount --bind {state.directory}/ovs/{key} {path}" in script
     assert script.endswith(f"-E {state.directory}/sshd.log") and "exec /usr/sbin/sshd -D" in script
+
+
+def test_a_server_that_is_gone_ends_the_clients_connections():
+    """Mininet waits on each remote node's ssh shell without a timeout."""
+    config = [line.strip() for line in ssh_client_config(ServerState.plan("srv2")).splitlines()]
+    assert {"ConnectTimeout 10", "ServerAliveInterval 10", "ServerAliveCountMax 3"} <= set(config)
