@@ -213,23 +213,29 @@ class Fabric:
         if _running is not None:
             raise FabricError("this process already runs a fabric: stop it before starting another")
         STATE_DIR.mkdir(parents=True, exist_ok=True)
-        self._lock = open(LOCK_FILE, "w")
+        # Held in self._lock only once taken: stop() clears what the state file records, which is the
+        # running fabric's until this one has the lock.
+        lock = open(LOCK_FILE, "w")
         deadline = time.monotonic() + self.lock_timeout
         waited = False
-        while True:
-            try:
-                fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                _running = self
-                return
-            except BlockingIOError:
-                if not waited:
-                    print(f"fabric: another fabric is running; waiting for it (at most "
-                          f"{self.lock_timeout:.0f} s)", file=sys.stderr)
-                    waited = True
-                if time.monotonic() > deadline:
-                    raise FabricError("another fabric is running on this machine (lock "
-                                      f"{LOCK_FILE}); wait for it or run `make clean-net`")
-                time.sleep(0.5)
+        try:
+            while True:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    self._lock, _running = lock, self
+                    return
+                except BlockingIOError:
+                    if not waited:
+                        print(f"fabric: another fabric is running; waiting for it (at most "
+                              f"{self.lock_timeout:.0f} s)", file=sys.stderr)
+                        waited = True
+                    if time.monotonic() > deadline:
+                        raise FabricError("another fabric is running on this machine (lock "
+                                          f"{LOCK_FILE}); wait for it or run `make clean-net`") from None
+                    time.sleep(0.5)
+        except BaseException:
+            lock.close()
+            raise
 
     def _release_lock(self) -> None:
         global _running

@@ -2,6 +2,7 @@
 again and again), and a switch that reconnects gets exactly the right state back."""
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import time
@@ -10,6 +11,8 @@ import urllib.request
 import pytest
 
 from helpers.fabric import REPO, wait_until
+from emulation.cleanup import LOCK_FILE, STATE_DIR, STATE_FILE, FabricRecord, process_record, read_state, write_state
+from emulation.errors import FabricError
 from emulation.fabric import Fabric
 from common.sysctl import read_sysctl
 from emulation.machine import SOCKET_BUFFERS
@@ -87,3 +90,28 @@ def _flows(switch: str) -> list[str]:
     out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", "--no-stats", "dump-flows", switch],
                          capture_output=True, text=True, check=True).stdout
     return sorted(line.strip() for line in out.splitlines() if "priority" in line)
+
+
+def test_a_fabric_that_gives_up_waiting_for_the_lock_leaves_the_running_one_alone(tmp_path):
+    """Until it has the lock, what the state file records (processes, marked bridges) is the running
+    fabric's: a fabric that gives up waiting must not clear it on its way out."""
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    running = subprocess.Popen(["sleep", "120"])  # a process of the running fabric
+    try:
+        with open(LOCK_FILE, "w") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)  # as the running fabric holds it
+            stale = STATE_FILE.read_text() if STATE_FILE.exists() else None
+            record = FabricRecord(fabric="running", processes=[process_record(running.pid)])
+            write_state(record)
+            try:
+                with pytest.raises(FabricError, match="another fabric is running"):
+                    with Fabric("leafspine", {"spines": 1, "leaves": 1, "hosts_per_leaf": 1}, workdir=tmp_path,
+                                own_controller=False, lock_timeout=0.5):
+                        pass
+                assert running.poll() is None, "the running fabric's process was signalled"
+                assert read_state() == record
+            finally:
+                STATE_FILE.write_text(stale) if stale is not None else STATE_FILE.unlink(missing_ok=True)
+    finally:
+        running.kill()
+        running.wait()
