@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Collection, Sequence
 
 from controller.routing import Output, distances_to, next_hop_ports
 from controller.scheduling import RegisteredJob, sharing_of
@@ -36,6 +36,9 @@ from controller.topology import FabricView
 
 # Shortest paths weighed per pair; a 4-spine leaf-spine has 4, a k=8 fat-tree 16 between pods.
 MAX_CANDIDATES = 256
+# Host pairs pinned in all, in the ranking's order (the rest keep to the routes): bounds the rules on
+# a switch and the time a job's registration holds the controller (16 jobs of 128 hosts: 35 ms here).
+MAX_PINNED_PAIRS = 1024
 
 Hop = tuple[int, int]  # (dpid, the port the traffic leaves it by)
 
@@ -64,24 +67,33 @@ def chooses_paths(jobs: Sequence[RegisteredJob]) -> bool:
     return bool(jobs) and SHARING_POLICIES[jobs[0].sharing].chooses_paths
 
 
-def host_pairs_traffic(job: RegisteredJob) -> tuple[tuple[str, str, float], ...]:
+def host_pairs_traffic(job: RegisteredJob, known: Collection[str] | None = None
+                       ) -> tuple[tuple[str, str, float], ...]:
     """The job's bytes of one iteration from host to host: its document's `traffic`, or each host's
-    model bytes spread evenly over the job's other hosts."""
+    model bytes spread evenly over the job's other hosts; only between `known` hosts when given (a
+    pair with a host not learnt yet has no path to choose)."""
+    def known_host(host: str) -> bool:
+        return known is None or host in known
+
     if job.traffic:
-        return job.traffic
+        return tuple(entry for entry in job.traffic if known_host(entry[0]) and known_host(entry[1]))
     peers = len(job.hosts) - 1
     model = sum(layer.bytes for layer in job.layers)
-    return tuple((src, dst, model / peers) for src in job.hosts for dst in job.hosts if src != dst) if peers else ()
+    hosts = [host for host in job.hosts if known_host(host)]
+    return tuple((src, dst, model / peers) for src in hosts for dst in hosts if src != dst) if peers else ()
 
 
-def demands(jobs: Sequence[RegisteredJob], intensity: dict[str, float]) -> list[Demand]:
+def demands(jobs: Sequence[RegisteredJob], intensity: dict[str, float],
+            known: Collection[str] | None = None, limit: int | None = None) -> list[Demand]:
     """Every job's host pairs in the order they choose: the most intense job first, its heaviest pair
-    first."""
-    ordered = []
+    first (between `known` hosts when given; the jobs' after the first `limit` pairs are left out)."""
+    ordered: list[Demand] = []
     for job in sorted(jobs, key=lambda job: (-intensity[job.job], job.job)):
+        if limit is not None and len(ordered) >= limit:
+            break
         period = job_timing(job).period_ms
         pairs = [Demand(job.job, src, dst, sent / period if period > 0 else float(sent))
-                 for src, dst, sent in host_pairs_traffic(job) if sent > 0]
+                 for src, dst, sent in host_pairs_traffic(job, known) if sent > 0]
         ordered += sorted(pairs, key=lambda demand: (-demand.load, demand.src, demand.dst))
     return ordered
 
@@ -115,13 +127,19 @@ def choose_paths(view: FabricView, jobs: Sequence[RegisteredJob]) -> list[Pinned
     shared = sharing_of(jobs)
     load: dict[Hop, float] = defaultdict(float)
     dists: dict[int, dict[int, int]] = {}
+    paths: dict[tuple[int, int], list[tuple[Hop, ...]]] = {}  # (src switch, dst switch) -> candidates
     chosen = []
-    for demand in demands(jobs, shared.intensity):
-        src, dst = view.hosts.get(demand.src), view.hosts.get(demand.dst)
-        if src is None or dst is None or src.dpid == dst.dpid:
+    for demand in demands(jobs, shared.intensity, view.hosts.keys(), MAX_PINNED_PAIRS):
+        src, dst = view.hosts[demand.src].dpid, view.hosts[demand.dst].dpid
+        if src == dst:
             continue
-        dist = dists.setdefault(dst.dpid, distances_to(view, dst.dpid))
-        candidates = shortest_paths(view, src.dpid, dst.dpid, dist)
+        if len(chosen) >= MAX_PINNED_PAIRS:
+            break
+        if dst not in dists:
+            dists[dst] = distances_to(view, dst)
+        if (src, dst) not in paths:
+            paths[src, dst] = shortest_paths(view, src, dst, dists[dst])
+        candidates = paths[src, dst]
         if not candidates:
             continue
         hops = min(candidates, key=lambda path: (max(load[hop] for hop in path), sum(load[hop] for hop in path),
@@ -137,10 +155,14 @@ def pins_by_switch(view: FabricView, paths: Sequence[PinnedPath]) -> dict[int, d
     have more than one shortest next hop towards the destination (elsewhere its route is the path)."""
     pins: dict[int, dict[tuple[str, str], Output]] = defaultdict(dict)
     dists: dict[int, dict[int, int]] = {}
+    choice: dict[tuple[int, int], bool] = {}  # (switch, dst switch) -> more than one next hop
     for path in paths:
         dst = view.hosts[path.dst].dpid
-        dist = dists.setdefault(dst, distances_to(view, dst))
+        if dst not in dists:
+            dists[dst] = distances_to(view, dst)
         for dpid, port in path.hops:
-            if len(next_hop_ports(view, dpid, dst, dist)) > 1:
+            if (dpid, dst) not in choice:
+                choice[dpid, dst] = len(next_hop_ports(view, dpid, dst, dists[dst])) > 1
+            if choice[dpid, dst]:
                 pins[dpid][(path.src, path.dst)] = Output(port=port)
     return dict(pins)

@@ -210,3 +210,10 @@ def test_a_misspelt_sharing_policy_is_one_line():
         parse_job(job_doc(sharing="intensity-path"))
     assert str(err.value) == ("sharing: 'intensity-path' is not allowed "
                               "(one of fair, intensity, intensity-paths, timeshift)")
+
+
+def test_pairs_past_the_most_pinned_keep_to_the_routes(monkeypatch):
+    monkeypatch.setattr(paths, "MAX_PINNED_PAIRS", 3)
+    chosen = paths.choose_paths(leaf_spine(2, 2, 3), [VGG, BERT, RESNET])
+    assert [(p.job, p.src, p.dst) for p in chosen] == [
+        ("resnet", H[2], H[5]), ("resnet", H[5], H[2]), ("bert", H[3], H[6])]
