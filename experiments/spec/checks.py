@@ -3,19 +3,18 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections import defaultdict
 from typing import Any
 
 from experiments.spec.errors import SpecError, not_allowed
 from experiments.spec.schema import Fault, RunConfig
-from experiments.spec.topology import check_topology, layout_of, topology_links
+from experiments.spec.topology import check_topology, layout_of, shortest_paths_from, topology_links
 from common.schema import show
 from controller.sharing import MAX_JOBS, SHARING_POLICIES
 from hostapps.allreduce import allreduce_names
 from hostapps.config import check_training
 from hostapps.traces import TraceError, read_trace
 from topologies.cluster import ClusterError, placement
-from topologies.layout import LEAF_ROLES, Layout
+from topologies.layout import LEAF_ROLES
 
 
 def check_config(config: RunConfig, runs: bool = True) -> None:
@@ -31,48 +30,20 @@ def check_config(config: RunConfig, runs: bool = True) -> None:
 
 
 def check_paths(config: RunConfig) -> None:
-    """A sharing policy that chooses the jobs' paths needs a choice: two hosts of one job on switches
-    joined by more than one shortest path."""
+    """A sharing policy that chooses the jobs' paths needs a choice: two hosts of one job joined by more
+    than one shortest path."""
     sharing = config.controller.sharing
     if not SHARING_POLICIES[sharing].chooses_paths:
         return
     layout = layout_of(config.topology)
-    switch_of = host_switches(layout)
     for view in config.job_configs if config.jobs else [config]:
-        switches = sorted({switch_of[host] for host in view.worker_hosts + view.server_hosts})
-        if any(shortest_path_count(layout, a, b) > 1 for a, b in itertools.combinations(switches, 2)):
+        hosts = view.worker_hosts + view.server_hosts
+        if any(shortest_paths_from(layout, a)[1].get(b, 0) > 1 for a, b in itertools.combinations(hosts, 2)):
             return
     others = [name for name, policy in SHARING_POLICIES.items() if not policy.chooses_paths]
     raise not_allowed("controller.sharing", sharing, f"{', '.join(others[:-1])} or {others[-1]} here: no job has two "
                       "hosts on switches joined by more than one shortest path, so there is no path to choose and it "
                       "would change nothing")
-
-
-def host_switches(layout: Layout) -> dict[str, str]:
-    """Each host's switch, by name."""
-    return {host.name: switch.name for link in layout.links for host, switch in ((link.a, link.b), (link.b, link.a))
-            if not host.is_switch and switch.is_switch}
-
-
-def shortest_path_count(layout: Layout, src: str, dst: str) -> int:
-    """How many shortest paths join switches `src` and `dst` over the fabric's switches."""
-    peers: dict[str, list[str]] = defaultdict(list)
-    for link in layout.links:
-        if link.a.is_switch and link.b.is_switch:
-            peers[link.a.name].append(link.b.name)
-            peers[link.b.name].append(link.a.name)
-    hops, count, frontier = {src: 0}, {src: 1}, [src]
-    while frontier and dst not in hops:
-        following = []
-        for node in frontier:
-            for peer in peers[node]:
-                if peer not in hops:
-                    hops[peer], count[peer] = hops[node] + 1, 0
-                    following.append(peer)
-                if hops[peer] == hops[node] + 1:
-                    count[peer] += count[node]
-        frontier = following
-    return count.get(dst, 0)
 
 
 def check_jobs(config: RunConfig, runs: bool) -> None:
