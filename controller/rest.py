@@ -43,7 +43,7 @@ from ryu.lib import hub
 
 from controller.core import Answer
 from controller.priority import CapacityError, ClassEntry, FlowClass, flow_classes, shown
-from controller.scheduling import JOB_ID_ALLOWED, describe_job, is_job_id, parse_job, sharing_of
+from controller.scheduling import JOB_ID_ALLOWED, is_job_id, parse_job
 from common import schema
 from common.schema import SchemaError, knob
 
@@ -385,9 +385,9 @@ def parse_delete_classes(document: object, pace: Callable[[Iterable], Iterable] 
 
 class RestApi:
     """The REST API of a ControllerCore (controller/core.py) as a WSGI app; `send` sends what a
-    change answered (a job's pins) and the marks it moved (the Ryu app's). Paths are matched exactly. Between the
-    stages of a request (parse, change, answer) it yields to the other green threads: one stage
-    of the largest request allowed takes at most a few tens of milliseconds."""
+    change answered (a job's pins) and the marks it moved (the Ryu app's). Paths are matched
+    exactly. Between the stages of a request (parse, change, answer) it yields to the other green
+    threads: one stage of the largest request allowed takes at most a few tens of milliseconds."""
 
     def __init__(self, core, send: Callable[[Answer], None]) -> None:
         self.core, self.send = core, send
@@ -467,7 +467,7 @@ class RestApi:
         hub.sleep(0)
         self.send(self.core.register_job(job))
         hub.sleep(0)
-        described = describe_job(job, sharing_of(list(self.core.wanted.jobs.values())))
+        described = next(described for described in self.core.describe_jobs() if described["job"] == job.job)
         hub.sleep(0)
         return _json(described)
 
