@@ -128,6 +128,14 @@ def test_under_intensity_paths_each_jobs_document_carries_its_bytes_from_host_to
     assert "traffic" not in intensity[1].document
 
 
+def test_plan_shows_the_paths_intensity_paths_will_pin():
+    text = plan_text("two_jobs", dry_run(parse_spec(spec_with(with_paths))))
+    assert ("  sharing=intensity-paths,rep=1: paths pinned by intensity-paths, the most intense job first\n"
+            "    resnet: h2->h4 via spine1, h4->h2 via spine1\n"
+            "    mlp: h1->h3 via spine2, h3->h1 via spine2") in text
+    assert "sharing=intensity,rep=1: paths pinned" not in text
+
+
 def test_a_pinned_pairs_flows_move_to_the_uplink_of_its_path():
     placed = {"uplinks": {"leaf1": {"spine1": ["vgg worker0->worker1", "resnet worker0->worker1"]},
                           "leaf2": {"spine1": ["vgg worker1->worker0"], "spine2": ["resnet worker1->worker0"]}},
