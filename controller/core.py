@@ -300,8 +300,8 @@ class ControllerCore:
     def describe_flow_classes(self) -> list[dict]:
         return views.describe_flow_classes(self.view, self.wanted.rest)
 
-    def describe_jobs(self) -> Iterator[dict]:
-        return views.describe_jobs(self.wanted.jobs.values(), self.view, self.paths)
+    def describe_jobs(self, only: str | None = None) -> Iterator[dict]:
+        return views.describe_jobs(self.wanted.jobs.values(), self.view, self.paths, only)
 
     def describe_ports(self) -> list[dict]:
         return views.describe_ports(self.port_stats)

@@ -467,7 +467,7 @@ class RestApi:
         hub.sleep(0)
         self.send(self.core.register_job(job))
         hub.sleep(0)
-        described = next(described for described in self.core.describe_jobs() if described["job"] == job.job)
+        described = next(self.core.describe_jobs(only=job.job))
         hub.sleep(0)
         return _json(described)
 

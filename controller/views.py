@@ -60,16 +60,17 @@ def describe_flow_classes(view: FabricView, flows: Iterable[FlowClass]) -> list[
 
 
 def describe_jobs(jobs: Iterable[RegisteredJob], view: FabricView | None = None,
-                  paths: Sequence[PinnedPath] = ()) -> Iterator[dict]:
-    """GET /jobs: each job, one at a time (REST yields in between), in its band and with its start
-    offset under the jobs' sharing policy; under one that chooses paths, each job's pinned paths."""
+                  paths: Sequence[PinnedPath] = (), only: str | None = None) -> Iterator[dict]:
+    """GET /jobs: each job (or the one whose id is `only`), one at a time (REST yields in between), in
+    its band and with its start offset under the jobs' sharing policy; under one that chooses paths,
+    each job's pinned paths."""
     jobs = list(jobs)
     shared = sharing_of(jobs)
     by_job: dict[str, list[dict]] = {}
     for path in paths:
         by_job.setdefault(path.job, []).append(describe_path(view, path))
     return ({**describe_job(job, shared), **({"paths": by_job.get(job.job, [])} if shared.chooses_paths else {})}
-            for job in jobs)
+            for job in jobs if only is None or job.job == only)
 
 
 def describe_path(view: FabricView | None, path: PinnedPath) -> dict:
