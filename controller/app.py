@@ -39,7 +39,7 @@ class FabricController(app_manager.RyuApp):
         self.datapaths: dict = {}  # dpid -> its connection (Ryu's Datapath)
         self.stats_writer = PortStatsWriter(options.stats_csv) if options.stats_csv else None
         self.stats_interval, self.probe_interval = options.stats_interval, options.probe_interval
-        self.wsgi = RestApi(self.core, self.install_marks)
+        self.wsgi = RestApi(self.core, self.send)
         self.threads += [hub.spawn(self._probe_loop), hub.spawn(self._stats_loop)]
         LOG.info("fabric controller up: lb=%s", self.core.lb)
 

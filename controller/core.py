@@ -23,7 +23,7 @@ from typing import Iterable, Iterator
 
 from ryu.lib.packet import arp, ethernet, ipv4, packet
 
-from controller import openflow, pipeline, views
+from controller import openflow, paths, pipeline, views
 from controller.openflow import ETH_ARP, ETH_IP, ETH_LLDP, Message
 from controller.priority import FlowClass
 from controller.routing import SwitchPlan, plan_fabric
@@ -66,6 +66,7 @@ class ControllerCore:
         self.installed: dict[int, SwitchPlan] = {}
         self.marks: dict[int, dict[tuple, FlowClass]] = {}  # dpid -> match key -> installed mark
         self.wanted = pipeline.WantedMarks()
+        self.paths: list[paths.PinnedPath] = []  # the jobs' traffic pinned to chosen paths
         # Bumped whenever the wanted marks may change (a REST change, a host that moved);
         # `converged` has, per switch, the epoch whose marks it holds in full.
         self.marks_epoch = 0
@@ -179,6 +180,9 @@ class ControllerCore:
 
     def _route_changes(self) -> pipeline.RouteChanges:
         plans = plan_fabric(self.view, self.lb)
+        self.paths = paths.choose_paths(self.view, list(self.wanted.jobs.values()))
+        for dpid, pins in paths.pins_by_switch(self.view, self.paths).items():
+            plans[dpid].pins = pins
         self.marks_epoch += 1  # a host may have moved to another switch
         changes = pipeline.route_changes({dpid: self.installed[dpid] for dpid in self.connections}, plans)
         self.installed.update(changes.plans)
@@ -240,18 +244,28 @@ class ControllerCore:
         self.wanted.remove_rest(flows)
         self.marks_epoch += 1
 
-    def register_job(self, job: RegisteredJob) -> None:
-        """Schedule a training job's flows by its policy (a job of the same id is replaced).
-        Raises CapacityError (nothing changed) past MAX_JOBS or MAX_MARKS."""
+    def register_job(self, job: RegisteredJob) -> Answer:
+        """Schedule a training job's flows by its policy (a job of the same id is replaced); under a
+        sharing policy that chooses paths, the jobs' pins that changed. Raises CapacityError (nothing
+        changed) past MAX_JOBS or MAX_MARKS."""
         self.wanted.register(job)
         self.marks_epoch += 1
+        return self._replan_paths()
 
-    def remove_job(self, job_id: str) -> bool:
-        """Unmark a job's flows; False when no such job is registered."""
+    def remove_job(self, job_id: str) -> Answer | None:
+        """Unmark a job's flows and unpin its paths (the other jobs' paths are chosen again): the
+        pins that changed; None when no such job is registered."""
         if not self.wanted.remove(job_id):
-            return False
+            return None
         self.marks_epoch += 1
-        return True
+        return self._replan_paths()
+
+    def _replan_paths(self) -> Answer:
+        """The route changes a job's arrival or departure makes: only pins move, and only where paths
+        were or are chosen (else nothing to plan)."""
+        if not self.paths and not paths.chooses_paths(list(self.wanted.jobs.values())):
+            return Answer()
+        return self._replan()
 
     # -- statistics ---------------------------------------------------------------------------
     def stats_requests(self) -> Answer:
@@ -286,8 +300,8 @@ class ControllerCore:
     def describe_flow_classes(self) -> list[dict]:
         return views.describe_flow_classes(self.view, self.wanted.rest)
 
-    def describe_jobs(self) -> Iterator[dict]:
-        return views.describe_jobs(self.wanted.jobs.values())
+    def describe_jobs(self, only: str | None = None) -> Iterator[dict]:
+        return views.describe_jobs(self.wanted.jobs.values(), self.view, self.paths, only)
 
     def describe_ports(self) -> list[dict]:
         return views.describe_ports(self.port_stats)

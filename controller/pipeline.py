@@ -3,8 +3,9 @@ flow classes wanted, a clock. Every decision returns OpenFlow messages (controll
 and the app only sends them, so all of it runs in tests against fake switches.
 
 Tables: 0 classifies (per-flow DSCP marks at the flow's ingress switch, from REST and from
-registered training jobs, then goto 1); 1 forwards (host routes, probes and ARP to the
-controller, unknown IPv4 to the controller to learn its sender, everything else dropped).
+registered training jobs, then goto 1); 1 forwards (host routes, above them a job's traffic between
+two of its hosts pinned to its chosen path, probes and ARP to the controller, unknown IPv4 to the
+controller to learn its sender, everything else dropped).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from controller.topology import FabricView
 
 CLASSIFY_TABLE, FORWARD_TABLE = 0, 1
 PRIO_PROBE, PRIO_ROUTE, PRIO_ARP, PRIO_IP_MISS = 1000, 500, 10, 5
+PRIO_PIN = 600  # a host pair's traffic on its chosen path wins over the destination's route
 # A mark that matches an incoming DSCP (LE -> droppable) wins over the per-flow marks.
 PRIO_MARK, PRIO_MARK_BY_DSCP = 800, 900
 PROBE_DST_BYTES = bytes.fromhex("0180c200000e")  # LLDP nearest-bridge address
@@ -78,6 +80,10 @@ def route_match(ip: str) -> Match:
     return openflow.match(eth_type=ETH_IP, ipv4_dst=ip)
 
 
+def pin_match(pair: tuple[str, str]) -> Match:
+    return openflow.match(eth_type=ETH_IP, ipv4_src=pair[0], ipv4_dst=pair[1])
+
+
 def output_actions(out: Output) -> list:
     return [openflow.to_group(out.group_id) if out.group_id is not None
             else openflow.output(out.port)]
@@ -85,14 +91,18 @@ def output_actions(out: Output) -> list:
 
 def plan_changes(old: SwitchPlan, new: SwitchPlan) -> list[Message]:
     """What brings a switch from plan `old` to `new`: new and changed groups first (a route may
-    use them), then routes, then groups no longer used, behind a barrier so that no flow still
-    points at a group when it goes. Empty when nothing changed."""
+    use them), then routes, then pins, then groups no longer used, behind a barrier so that no flow
+    still points at a group when it goes. Empty when nothing changed."""
     messages = [openflow.select_group(g.group_id, g.ports, g.selection_method)
                 for gid, g in new.groups.items() if old.groups.get(gid) != g]
     messages += [openflow.flow_add(FORWARD_TABLE, PRIO_ROUTE, route_match(ip), output_actions(out))
                  for ip, out in new.routes.items() if old.routes.get(ip) != out]
     messages += [openflow.flow_delete_strict(FORWARD_TABLE, PRIO_ROUTE, route_match(ip))
                  for ip in old.routes.keys() - new.routes.keys()]
+    messages += [openflow.flow_add(FORWARD_TABLE, PRIO_PIN, pin_match(pair), output_actions(out))
+                 for pair, out in sorted(new.pins.items()) if old.pins.get(pair) != out]
+    messages += [openflow.flow_delete_strict(FORWARD_TABLE, PRIO_PIN, pin_match(pair))
+                 for pair in sorted(old.pins.keys() - new.pins.keys())]
     if gone := old.groups.keys() - new.groups.keys():
         messages.append(openflow.barrier())
         messages += [openflow.group_delete(gid) for gid in gone]

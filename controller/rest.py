@@ -41,8 +41,9 @@ import webob
 import webob.dec
 from ryu.lib import hub
 
+from controller.core import Answer
 from controller.priority import CapacityError, ClassEntry, FlowClass, flow_classes, shown
-from controller.scheduling import JOB_ID_ALLOWED, describe_job, is_job_id, parse_job, sharing_of
+from controller.scheduling import JOB_ID_ALLOWED, is_job_id, parse_job
 from common import schema
 from common.schema import SchemaError, knob
 
@@ -383,13 +384,13 @@ def parse_delete_classes(document: object, pace: Callable[[Iterable], Iterable] 
 
 
 class RestApi:
-    """The REST API of a ControllerCore (controller/core.py) as a WSGI app; `install_marks`
-    sends the marks a change moved (the Ryu app's). Paths are matched exactly. Between the
-    stages of a request (parse, change, answer) it yields to the other green threads: one stage
-    of the largest request allowed takes at most a few tens of milliseconds."""
+    """The REST API of a ControllerCore (controller/core.py) as a WSGI app; `send` sends what a
+    change answered (a job's pins) and the marks it moved (the Ryu app's). Paths are matched
+    exactly. Between the stages of a request (parse, change, answer) it yields to the other green
+    threads: one stage of the largest request allowed takes at most a few tens of milliseconds."""
 
-    def __init__(self, core, install_marks: Callable[[], None]) -> None:
-        self.core, self.install_marks = core, install_marks
+    def __init__(self, core, send: Callable[[Answer], None]) -> None:
+        self.core, self.send = core, send
         self.routes = {
             "/fabric": {"GET": self.get_fabric},
             "/fabric/groups": {"GET": self.get_groups},
@@ -447,7 +448,7 @@ class RestApi:
         flows, replace = parsed(parse_post_classes, json_document(req, read_body(req)), cooperatively)
         hub.sleep(0)
         self.core.set_flow_classes(flows, replace=replace)
-        self.install_marks()
+        self.send(Answer())
         return _json_list(self.core.describe_flow_classes())
 
     def delete_classes(self, req):
@@ -455,7 +456,7 @@ class RestApi:
         flows = parsed(parse_delete_classes, json_document(req, body), cooperatively) if body else None
         hub.sleep(0)
         self.core.remove_flow_classes(flows)
-        self.install_marks()
+        self.send(Answer())
         return _json_list(self.core.describe_flow_classes())
 
     def get_jobs(self, req):
@@ -464,10 +465,9 @@ class RestApi:
     def post_job(self, req):
         job = parsed(parse_job, json_document(req, read_body(req)), cooperatively)
         hub.sleep(0)
-        self.core.register_job(job)
-        self.install_marks()
+        self.send(self.core.register_job(job))
         hub.sleep(0)
-        described = describe_job(job, sharing_of(list(self.core.wanted.jobs.values())))
+        described = next(self.core.describe_jobs(only=job.job))
         hub.sleep(0)
         return _json(described)
 
@@ -476,7 +476,8 @@ class RestApi:
             raise Refusal(400, f"job: {shown(job_id)} is not allowed ({JOB_ID_ALLOWED})")
         if read_body(req):
             raise Refusal(400, "body: not allowed (DELETE /jobs/<id> takes none)")
-        if not self.core.remove_job(job_id):
+        answer = self.core.remove_job(job_id)
+        if answer is None:
             raise Refusal(404, f"job: {shown(job_id)} is not registered")
-        self.install_marks()
+        self.send(answer)
         return _json_list(self.core.describe_jobs())

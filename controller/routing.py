@@ -43,6 +43,8 @@ class Output:
 class SwitchPlan:
     groups: dict[int, Group] = field(default_factory=dict)
     routes: dict[str, Output] = field(default_factory=dict)  # host IP -> output
+    # (src IP, dst IP) -> output: a job's traffic pinned to its chosen path (controller/paths.py)
+    pins: dict[tuple[str, str], Output] = field(default_factory=dict)
 
 
 def group_id_of(ports: tuple[int, ...]) -> int:

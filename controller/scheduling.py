@@ -84,6 +84,15 @@ class FlowEntry:
                                          each=is_port)
 
 
+@dataclass(frozen=True, kw_only=True)
+class HostTraffic:
+    """What one iteration of the job sends from one of its hosts to another: what `intensity-paths`
+    loads the fabric's links with when it chooses the job's paths (controller/paths.py)."""
+    src: str = knob(allowed=IPV4, check=is_ipv4)
+    dst: str = knob(allowed=IPV4, check=is_ipv4)
+    bytes: int = knob(allowed=f"an integer 0..{MAX_LAYER_BYTES}", check=lambda n: 0 <= n <= MAX_LAYER_BYTES)
+
+
 @dataclass(frozen=True)
 class JobDocument:
     """The job document of `POST /jobs`, declared on the schema engine (common/schema.py);
@@ -107,6 +116,9 @@ class JobDocument:
                                    "modelled from the layer table and comm_ms)", is_ms)
     comm_start_ms: float | None = knob(None, f"{MILLISECONDS}: when its communication starts after its "
                                        "iteration starts, measured (none: after the forward pass)", is_ms)
+    # What an iteration sends from host to host; none: each host's model bytes spread evenly over the
+    # job's other hosts (controller/paths.py).
+    traffic: list[HostTraffic] = knob([], "a list of {src, dst, bytes}: an iteration's bytes from host to host")
 
 
 @dataclass(frozen=True)
@@ -134,6 +146,7 @@ class RegisteredJob:
     comm_ms: float | None = None
     period_ms: float | None = None
     comm_start_ms: float | None = None
+    traffic: tuple[tuple[str, str, int], ...] = ()  # (src, dst, bytes of an iteration)
 
 
 # -- policies -------------------------------------------------------------------------------------
@@ -296,6 +309,23 @@ def job_flow(flow: FlowEntry, at: str, hosts: frozenset[str], indices: frozenset
     return JobFlow(tuple(layers), flow.src, flow.dst, flow.proto, flow.sport, lo, hi)
 
 
+def host_traffic(entries: list[HostTraffic], hosts: frozenset[str]) -> tuple[tuple[str, str, int], ...]:
+    """The document's traffic as (src, dst, bytes), checked: two different hosts of the job, each
+    pair once."""
+    too_many("traffic", entries, MAX_FLOWS)
+    pairs: set[tuple[str, str]] = set()
+    for at, entry in enumerate(entries):
+        for end, address in (("src", entry.src), ("dst", entry.dst)):
+            if address not in hosts:
+                raise SchemaError(f"traffic.{at}.{end}", f"{address} is not one of the job's hosts")
+        if entry.src == entry.dst:
+            raise SchemaError(f"traffic.{at}.dst", f"{entry.dst} is the src too (traffic goes between two hosts)")
+        if (entry.src, entry.dst) in pairs:
+            raise SchemaError(f"traffic.{at}", f"{entry.src} -> {entry.dst} is given twice")
+        pairs.add((entry.src, entry.dst))
+    return tuple((entry.src, entry.dst, entry.bytes) for entry in entries)
+
+
 def parse_job(data: object, pace: Callable[[Iterable], Iterable] = iter) -> RegisteredJob:
     """The job document of `POST /jobs`: `JobDocument` built by the schema engine (types, ranges,
     unknown keys), then the rules across fields; every error is one line naming the field (e.g.
@@ -312,7 +342,8 @@ def parse_job(data: object, pace: Callable[[Iterable], Iterable] = iter) -> Regi
     hosts, known = frozenset(document.hosts), frozenset(indices)
     flows = tuple(job_flow(flow, f"flows.{at}", hosts, known) for at, flow in pace(enumerate(document.flows)))
     job = RegisteredJob(document.job, document.policy, tuple(document.hosts), tuple(document.layers), flows,
-                        document.sharing, document.comm_ms, document.period_ms, document.comm_start_ms)
+                        document.sharing, document.comm_ms, document.period_ms, document.comm_start_ms,
+                        host_traffic(document.traffic, hosts))
     marks = job_mark_count(job)
     if marks > MAX_MARKS:
         raise SchemaError("flows", f"the job needs {marks} marks (one per host, one per flow or per aligned "

@@ -11,6 +11,8 @@ offset.
 - `intensity` (after Crux, SIGCOMM'24): jobs ranked by intensity, the compute of an iteration over
   its communication time on its busiest link, the more intense first; the ranking is compressed
   into the five classes, each job a band of its own while there are bands enough;
+- `intensity-paths`: `intensity`'s bands, and each job's traffic pinned to paths chosen in the same
+  ranking, the most intense job first on the least loaded ones (controller/paths.py decides them);
 - `timeshift` (after CASSINI, NSDI'24): every job the whole band, a pace per job (its iteration
   period stretched to a harmonic of one common period, the circle) and start offsets that interleave
   the jobs' communication phases on that circle; the jobs keep to it by starting iteration i no
@@ -92,8 +94,10 @@ def job_timing(job) -> JobTiming:
 
 
 class SharingPolicy:
-    """How jobs sharing the fabric share its classes and its time."""
+    """How jobs sharing the fabric share its classes and its time, and whether it chooses their paths
+    (`chooses_paths`: controller/paths.py pins each job's traffic, in the ranking of `intensity`)."""
     name: ClassVar[str]
+    chooses_paths: ClassVar[bool] = False
 
     def levels(self, timings: Sequence[JobTiming]) -> dict[str, int]:
         """Job id -> priority level, 0 the highest; equal levels share a band of classes."""
@@ -131,6 +135,14 @@ class Intensity(SharingPolicy):
     def levels(self, timings: Sequence[JobTiming]) -> dict[str, int]:
         distinct = sorted({timing.intensity for timing in timings}, reverse=True)
         return {timing.job: distinct.index(timing.intensity) for timing in timings}
+
+
+@register
+class IntensityPaths(Intensity):
+    """Crux's path selection with its priority: the bands of `intensity`, and the jobs' paths chosen
+    in their ranking, the most intense job's traffic first on the least loaded paths."""
+    name = "intensity-paths"
+    chooses_paths = True
 
 
 @register
@@ -240,6 +252,7 @@ class Sharing:
     offsets_ms: dict[str, float]
     intensity: dict[str, float]
     paces_ms: dict[str, float] = dataclasses.field(default_factory=dict)
+    chooses_paths: bool = False
 
 
 def share(policy: str, jobs: Sequence) -> Sharing:
@@ -247,4 +260,5 @@ def share(policy: str, jobs: Sequence) -> Sharing:
     timings = [job_timing(job) for job in jobs]
     chosen = SHARING_POLICIES[policy]()
     return Sharing(policy, bands(chosen.levels(timings)), chosen.offsets_ms(timings),
-                   {timing.job: timing.intensity for timing in timings}, chosen.paces_ms(timings))
+                   {timing.job: timing.intensity for timing in timings}, chosen.paces_ms(timings),
+                   chosen.chooses_paths)

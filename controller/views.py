@@ -1,8 +1,9 @@
 """What the REST API shows (controller/rest.py), as functions of the controller's plain state."""
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Mapping
+from typing import Iterable, Iterator, Mapping, Sequence
 
+from controller.paths import PinnedPath
 from controller.priority import FlowClass, ingress_switch
 from controller.routing import SwitchPlan
 from controller.scheduling import RegisteredJob, describe_job, sharing_of
@@ -58,9 +59,25 @@ def describe_flow_classes(view: FabricView, flows: Iterable[FlowClass]) -> list[
                                        else None)} for f in flows]
 
 
-def describe_jobs(jobs: Iterable[RegisteredJob]) -> Iterator[dict]:
-    """GET /jobs: each job, one at a time (REST yields in between), in its band and with its start
-    offset under the jobs' sharing policy."""
+def describe_jobs(jobs: Iterable[RegisteredJob], view: FabricView | None = None,
+                  paths: Sequence[PinnedPath] = (), only: str | None = None) -> Iterator[dict]:
+    """GET /jobs: each job (or the one whose id is `only`), one at a time (REST yields in between), in
+    its band and with its start offset under the jobs' sharing policy; under one that chooses paths,
+    each job's pinned paths."""
     jobs = list(jobs)
     shared = sharing_of(jobs)
-    return (describe_job(job, shared) for job in jobs)
+    by_job: dict[str, list[dict]] = {}
+    for path in paths:
+        by_job.setdefault(path.job, []).append(describe_path(view, path))
+    return ({**describe_job(job, shared), **({"paths": by_job.get(job.job, [])} if shared.chooses_paths else {})}
+            for job in jobs if only is None or job.job == only)
+
+
+def describe_path(view: FabricView | None, path: PinnedPath) -> dict:
+    """A pinned path: its ends and the switches it crosses, by name."""
+    dpids = [dpid for dpid, _ in path.hops]
+    if view is not None and path.hops:
+        dpids.append(view.links[path.hops[-1]][0])
+    names = [view.switches[dpid].name if view is not None and dpid in view.switches else f"{dpid:016x}"
+             for dpid in dpids]
+    return {"src": path.src, "dst": path.dst, "via": names}

@@ -77,6 +77,28 @@ JOB_UPLINK_COLUMNS = ["job", "switch", "uplink", "time_s", "bytes"]
 UPLINK_BIN_S = 0.1
 
 
+def pinned_placement(placed: dict, flows: list[tuple[str, str, str]], jobs: list[dict]) -> dict:
+    """The measured ECMP placement (run.json's) with each flow of a pinned host pair moved to its
+    pinned path's first uplink: under a sharing policy that chooses paths the controller pins every
+    packet between two of a job's hosts (GET /jobs `paths`), which the probes, sent before the jobs
+    are registered, do not see. flows: (what, src address, dst address) as the placement names them."""
+    via = {(path["src"], path["dst"]): path["via"] for job in jobs for path in job.get("paths") or ()
+           if len(path["via"]) > 1}
+    moved = {what: via[src, dst] for what, src, dst in flows if (src, dst) in via}
+    if not moved:
+        return placed
+    uplinks: dict[str, dict[str, list[str]]] = {}
+    for switch, by_uplink in (placed.get("uplinks") or {}).items():
+        for uplink, whats in by_uplink.items():
+            kept = [what for what in whats if what not in moved]
+            if kept:
+                uplinks.setdefault(switch, {})[uplink] = kept
+    for what, (switch, uplink, *_) in moved.items():
+        uplinks.setdefault(switch, {}).setdefault(uplink, []).append(what)
+    shares = [len(whats) for by_uplink in uplinks.values() for whats in by_uplink.values()]
+    return {**placed, "uplinks": uplinks, "max_flows_per_uplink": max(shares, default=0)}
+
+
 def job_uplink_bytes(tensors: pd.DataFrame, placement: dict | None, job: str,
                      bin_s: float = UPLINK_BIN_S) -> pd.DataFrame:
     """job_uplinks.csv's rows of one job of a run: the bytes of its messages on each leaf uplink,

@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import itertools
 
+from controller.paths import choose_paths
+from controller.scheduling import parse_job
+from controller.sharing import SHARING_POLICIES
+from controller.topology import FabricView
 from experiments.runplan import RunPlan, data_flows, fabric_key
 from experiments.spec import layout_of
 from experiments.traffic import link_traffic
 from topologies.cluster import LOCAL, crossing_links, placement
+from topologies.layout import Layout
 
 
 def plan_text(name: str, plans: list[RunPlan]) -> str:
@@ -56,7 +61,8 @@ def plan_text(name: str, plans: list[RunPlan]) -> str:
             lines.append(f"  {label(plan):<{run_width}}  {total / 1e6:8.2f} MB ({busiest / 1e6:.2f} MB)"
                          f" -> {rates} in {bound * 1e3:.1f} ms")
         for _, together in itertools.groupby(runs, lambda plan: plan.run.run_id):
-            lines += jobs_text(list(together))
+            together = list(together)
+            lines += jobs_text(together) + paths_text(together)
     return "\n".join(lines)
 
 
@@ -89,3 +95,39 @@ def jobs_text(plans: list[RunPlan]) -> list[str]:
                       for link, names in sorted(shared.items(), key=lambda item: sorted(item[0])))
     lines.append(f"    links shared by jobs: {len(shared)}" + (f": {shown}" if shared else ""))
     return lines
+
+
+def paths_text(plans: list[RunPlan]) -> list[str]:
+    """Under a sharing policy that chooses paths: the paths the controller will pin each job's host
+    pairs to (controller/paths.py, on the fabric as the controller learns it), by switch names."""
+    run = plans[0].run if plans else None
+    if run is None or not SHARING_POLICIES[run.controller.sharing].chooses_paths or \
+            any(plan.document is None for plan in plans):
+        return []
+    layout = layout_of(run.topology)
+    host = {node.ip: node.name for node in layout.hosts}
+    switch = {node.dpid: node.name for node in layout.switches}
+    chosen = choose_paths(fabric_view(layout), [parse_job(plan.document) for plan in plans])
+    name = {plan.job_id: plan.name or plan.job_id for plan in plans}
+    lines = [f"  {run.run_id}: paths pinned by {run.controller.sharing}, the most intense job first"]
+    for job_id in dict.fromkeys(path.job for path in chosen):
+        pairs = [f"{host[path.src]}->{host[path.dst]} via {'-'.join(switch[dpid] for dpid, _ in path.hops[1:])}"
+                 for path in chosen if path.job == job_id]
+        lines.append(f"    {name[job_id]}: {', '.join(pairs)}")
+    return lines
+
+
+def fabric_view(layout: Layout) -> FabricView:
+    """The fabric as the controller learns it: its switches, their links and ports, its hosts."""
+    view = FabricView()
+    for node in layout.switches:
+        view.add_switch(node.dpid, node.name, {port: (layout.interface(node.name, port), True)
+                                               for port in layout.ports(node.name)})
+    for link in layout.links:
+        if link.a.is_switch and link.b.is_switch:
+            view.add_link((link.a.dpid, link.port_a), (link.b.dpid, link.port_b))
+        else:
+            (host, _), (switch, port) = sorted([(link.a, link.port_a), (link.b, link.port_b)],
+                                               key=lambda end: end[0].is_switch)
+            view.learn_host(host.ip, host.mac, switch.dpid, port)
+    return view

@@ -50,7 +50,7 @@ from experiments.results import (PORT_COLUMNS, PORT_RATE_COLUMNS, Damaged, aggre
 from common.files import write_text
 from common.schema import one_line
 from experiments.sampler import FabricSampler
-from experiments.runplan import (OPENFLOW_PORT, REST_PORT, RunPlan, data_flows, fabric_key, fabric_params,
+from experiments.runplan import (OPENFLOW_PORT, REST_PORT, RunPlan, data_flows, fabric_key, fabric_params, host_ips,
                                 job_tag, plan_jobs)
 from experiments.spec import Run, Spec, SpecError, alone_runs, parse_spec
 from hostapps.config import process_arguments
@@ -342,6 +342,8 @@ def run_once(fab: Fabric, out: Path, plans: list[RunPlan], rates: pd.DataFrame, 
                 progress.sampling(sampler)
                 registered = [register_job(fab, plan, watch.jobs) for plan in plans]
                 shared = shared_jobs(fab) if several and watch.jobs else {}
+                if any(job.get("paths") for job in shared.values()):
+                    placed = multijob.pinned_placement(placed, pinned_flows(plans), list(shared.values()))
                 jobs_start = time.time() + JOBS_STARTUP_S if several else 0.0
                 for plan, layer_dscp in zip(plans, registered):
                     decided = shared.get(plan.job_id, {})
@@ -358,6 +360,7 @@ def run_once(fab: Fabric, out: Path, plans: list[RunPlan], rates: pd.DataFrame, 
                                  "arrival_s": jobs_start + plan.start_s, "start_at_s": start_at,
                                  "start_offset_s": offset_s, "pace_s": pace_s, "band": decided.get("band"),
                                  "intensity": decided.get("intensity"), **({"measured": measured} if measured else {}),
+                                 **({"paths": decided["paths"]} if decided.get("paths") else {}),
                                  **plan.bounds})
                 schedule.start()
                 error = wait_job(processes, progress, watch.check)
@@ -425,6 +428,12 @@ def shared_jobs(fab: Fabric) -> dict[str, dict]:
     """The registered jobs as the controller shares the fabric among them (GET /jobs): each one's
     DSCP per layer in its band, and its start offset."""
     return {job["job"]: job for job in fab.rest("/jobs", "GET")}
+
+
+def pinned_flows(plans: list[RunPlan]) -> list[tuple[str, str, str]]:
+    """Every job's flows as the placement names them, with their ends' addresses."""
+    return [(f"{plan.name} {flow.what}" if plan.name else flow.what, ip[flow.src], ip[flow.dst])
+            for plan in plans for ip in [host_ips(plan.run)] for flow in data_flows(plan.run)]
 
 
 _placements: dict[tuple, dict] = {}  # (fabric id, flows) -> placement: one fabric places a 5-tuple alike

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from common.schema import SchemaError
 from controller.scheduling import describe_job, parse_job
+from controller.sharing import SHARING_POLICIES
 from experiments import traffic
 from experiments.source_ports import run_source_ports
 from experiments.spec import FLOW_PORTS, Job, Run, Spec, SpecError, Topology, layout_of, not_allowed
@@ -207,7 +208,8 @@ def job_document(run: Run, job_id: str, ip: dict[str, str], layers: list[dict] |
     """The job as `POST /jobs` takes it (controller/scheduling.py): its policy, hosts, layer table
     and, with TCP, its connections each way between every two of its processes; its sharing policy
     and the time one iteration's traffic needs on its busiest link (experiments/traffic.py), what
-    the intensity and time-shift policies rank and place it by."""
+    the intensity and time-shift policies rank and place it by; under a policy that chooses paths,
+    the bytes an iteration sends from host to host (traffic.host_traffic), what they are chosen by."""
     config = run.config
     proto = "udp" if run.job.transport == "mlt" else "tcp"
     ports = {host: WORKER_PORT for host in config.worker_hosts}
@@ -219,9 +221,14 @@ def job_document(run: Run, job_id: str, ip: dict[str, str], layers: list[dict] |
                 flows.append({"src": ip[src], "dst": ip[dst], "proto": proto, "dport": port})
                 flows.append({"src": ip[dst], "dst": ip[src], "proto": proto, "sport": port})
     layers = layer_table(run) if layers is None else layers
-    comm_ms = traffic.link_bound_s(run, [layer["bytes"] for layer in layers]) * 1000
-    return {"job": job_id, "policy": run.controller.sched, "hosts": [ip[h] for h in ports],
-            "layers": layers, "flows": flows, "sharing": run.controller.sharing, "comm_ms": round(comm_ms, 3)}
+    sizes = [layer["bytes"] for layer in layers]
+    comm_ms = traffic.link_bound_s(run, sizes) * 1000
+    document = {"job": job_id, "policy": run.controller.sched, "hosts": [ip[h] for h in ports],
+                "layers": layers, "flows": flows, "sharing": run.controller.sharing, "comm_ms": round(comm_ms, 3)}
+    if SHARING_POLICIES[run.controller.sharing].chooses_paths:  # what its paths are chosen by
+        document["traffic"] = [{"src": ip[src], "dst": ip[dst], "bytes": round(sent)}
+                               for (src, dst), sent in sorted(traffic.host_traffic(run, sizes).items())]
+    return document
 
 
 def traffic_bounds(run: Run, sizes: list[int]) -> dict[str, float]:

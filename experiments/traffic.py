@@ -32,6 +32,7 @@ from typing import Sequence
 
 from common.frames import ETHERNET_HEADER_BYTES
 from experiments.spec import Run, Topology, layout_of
+from experiments.spec.topology import shortest_paths_from
 from experiments.spec.checks import worker_leaves
 from hostapps.allreduce import AllReduce, make_allreduce
 from hostapps.codec import DATAGRAM_HEADER_BYTES
@@ -128,7 +129,7 @@ def tick_seconds(run: Run, ticks: list[list[Message]]) -> list[tuple[float, floa
         for src, dst, nbytes in messages:
             for direction, share in path_shares(layout, src, dst).items():
                 carried[direction] += nbytes * wire * share
-            hops = _paths_from(layout, src)[0][dst]
+            hops = shortest_paths_from(layout, src)[0][dst]
             last_frame = min(nbytes * wire * 8, frame_bits) if nbytes else 0
             latency = max(latency, last_frame * ((hops - 2) / topology.fabric_bw + 1 / topology.host_bw) / 1e6)
         busiest = max((sent * 8 / (_link_mbps(topology, hosts, direction, speeds) * 1e6)
@@ -180,33 +181,9 @@ def host_traffic(run: Run, sizes: Sequence[int]) -> dict[Direction, float]:
 
 
 @cache
-def _paths_from(layout: Layout, source: str) -> tuple[dict[str, int], dict[str, int]]:
-    """Hops from source to every node and how many shortest paths reach it (hosts forward nothing)."""
-    graph: dict[str, list[str]] = defaultdict(list)
-    for link in layout.links:
-        graph[link.a.name].append(link.b.name)
-        graph[link.b.name].append(link.a.name)
-    hosts = {node.name for node in layout.hosts}
-    hops, paths, frontier = {source: 0}, {source: 1}, [source]
-    while frontier:
-        following = []
-        for node in frontier:
-            if node in hosts and node != source:
-                continue
-            for peer in graph[node]:
-                if peer not in hops:
-                    hops[peer], paths[peer] = hops[node] + 1, 0
-                    following.append(peer)
-                if hops[peer] == hops[node] + 1:
-                    paths[peer] += paths[node]
-        frontier = following
-    return hops, paths
-
-
-@cache
 def path_shares(layout: Layout, src: str, dst: str) -> dict[Direction, float]:
     """The share of src -> dst traffic each link direction carries, split evenly over the shortest paths."""
-    (hops_src, paths_src), (hops_dst, paths_dst) = _paths_from(layout, src), _paths_from(layout, dst)
+    (hops_src, paths_src), (hops_dst, paths_dst) = shortest_paths_from(layout, src), shortest_paths_from(layout, dst)
     total, distance = paths_src[dst], hops_src[dst]
     shares: dict[Direction, float] = {}
     for link in layout.links:

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any
 
 from experiments.spec.errors import SpecError, not_allowed
 from experiments.spec.schema import Fault, RunConfig
-from experiments.spec.topology import check_topology, layout_of, topology_links
+from experiments.spec.topology import check_topology, layout_of, shortest_paths_from, topology_links
 from common.schema import show
-from controller.sharing import MAX_JOBS
+from controller.sharing import MAX_JOBS, SHARING_POLICIES
 from hostapps.allreduce import allreduce_names
 from hostapps.config import check_training
 from hostapps.traces import TraceError, read_trace
@@ -24,6 +25,25 @@ def check_config(config: RunConfig, runs: bool = True) -> None:
         check_jobs(config, runs)
     else:
         check_one_job(config, runs)
+    if runs:
+        check_paths(config)
+
+
+def check_paths(config: RunConfig) -> None:
+    """A sharing policy that chooses the jobs' paths needs a choice: two hosts of one job joined by more
+    than one shortest path."""
+    sharing = config.controller.sharing
+    if not SHARING_POLICIES[sharing].chooses_paths:
+        return
+    layout = layout_of(config.topology)
+    for view in config.job_configs if config.jobs else [config]:
+        hosts = view.worker_hosts + view.server_hosts
+        if any(shortest_paths_from(layout, a)[1].get(b, 0) > 1 for a, b in itertools.combinations(hosts, 2)):
+            return
+    others = [name for name, policy in SHARING_POLICIES.items() if not policy.chooses_paths]
+    raise not_allowed("controller.sharing", sharing, f"{', '.join(others[:-1])} or {others[-1]} here: no job has two "
+                      "hosts on switches joined by more than one shortest path, so there is no path to choose and it "
+                      "would change nothing")
 
 
 def check_jobs(config: RunConfig, runs: bool) -> None:

@@ -9,6 +9,8 @@ written `a-b` in either order.
 from __future__ import annotations
 
 import dataclasses
+from collections import defaultdict
+from functools import cache
 from typing import TYPE_CHECKING
 
 from common.schema import show
@@ -57,6 +59,30 @@ def _host_count(topology: Topology) -> int:
     if topology.kind == "fattree":
         return topology.k ** 3 // 4
     return topology.leaves * topology.hosts_per_leaf
+
+
+@cache
+def shortest_paths_from(layout: Layout, source: str) -> tuple[dict[str, int], dict[str, int]]:
+    """Hops from source to every node and how many shortest paths reach it (hosts forward nothing)."""
+    graph: dict[str, list[str]] = defaultdict(list)
+    for link in layout.links:
+        graph[link.a.name].append(link.b.name)
+        graph[link.b.name].append(link.a.name)
+    hosts = {node.name for node in layout.hosts}
+    hops, paths, frontier = {source: 0}, {source: 1}, [source]
+    while frontier:
+        following = []
+        for node in frontier:
+            if node in hosts and node != source:
+                continue
+            for peer in graph[node]:
+                if peer not in hops:
+                    hops[peer], paths[peer] = hops[node] + 1, 0
+                    following.append(peer)
+                if hops[peer] == hops[node] + 1:
+                    paths[peer] += paths[node]
+        frontier = following
+    return hops, paths
 
 
 def topology_links(topology: Topology) -> set[frozenset[str]]:

@@ -4,9 +4,11 @@ fake switches (tests/helpers/fakeswitch.py). No OVS, no Ryu event loop, no socke
 between Ryu's events, the pipeline's decisions and the switches, from discovery to marks."""
 import controller.manager  # noqa: F401  (the eventlet shim, before Ryu's app modules)
 
+import json
 import logging
 
 import pytest
+import webob
 from ryu.controller import ofp_event
 from ryu.lib import hub
 from ryu.lib.packet import arp
@@ -145,4 +147,38 @@ def test_a_jobs_marks_reach_the_switches_and_follow_a_reconnect(app):
     app.install_marks()
     net.run()
     assert all(len(switch.flows(0)) == 1 for switch in net.fabric.switches.values())
+    assert app.core.errors.count == 0
+
+
+def test_a_job_posted_over_rest_gets_its_paths_pinned_on_the_switches_and_unpinned_with_it(app):
+    """intensity-paths through the real REST API: the answer names each pair's path, the pins reach
+    the switches with it, and DELETE takes them off."""
+    wiring = leaf_spine(2, 2, 2)
+    for host in wiring.hosts.values():
+        app.core.view.pin_host(Host(host.ip, host_mac(host.ip), host.dpid, host.port))
+    net = AppNetwork(app, wiring)
+    for dpid in sorted(net.dps):
+        net.connect(dpid)
+    h1, h3 = ip(1), ip(3)
+    document = {"job": "j1", "policy": "fifo", "hosts": [h1, h3], "sharing": "intensity-paths",
+                "layers": [{"index": 0, "name": "l0", "bytes": 1000, "fwd_ms": 1, "bwd_ms": 1}], "comm_ms": 1}
+
+    def request(method: str, path: str, body=None) -> webob.Response:
+        req = webob.Request.blank(path, method=method, base_url="http://127.0.0.1:8080",
+                                  body=None if body is None else json.dumps(body).encode())
+        if body is not None:
+            req.headers["Content-Type"] = "application/json"
+        response = req.get_response(app.wsgi)
+        net.run()
+        return response
+
+    answer = request("POST", "/jobs", document)
+    assert answer.status_code == 200
+    assert answer.json["paths"] == [{"src": h1, "dst": h3, "via": ["leaf1", "spine1", "leaf2"]},
+                                    {"src": h3, "dst": h1, "via": ["leaf2", "spine1", "leaf1"]}]
+    ends = net.send(h1, tcp_frame(h1, h3))
+    assert {e.path for e in ends} == {(LEAF + 1, SPINE + 1, LEAF + 2)}
+    assert request("DELETE", "/jobs/j1").status_code == 200
+    assert {e.path for e in net.send(h1, tcp_frame(h1, h3))} == {(LEAF + 1, SPINE + 1, LEAF + 2),
+                                                                 (LEAF + 1, SPINE + 2, LEAF + 2)}
     assert app.core.errors.count == 0

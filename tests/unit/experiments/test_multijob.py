@@ -33,6 +33,11 @@ SPEC = {
 }
 
 
+def with_paths(document: dict) -> None:
+    """The spec's matrix with intensity-paths among its sharing policies."""
+    document["matrix"]["sharing"]["values"]["intensity-paths"] = {"controller.sharing": "intensity-paths"}
+
+
 def spec_with(change) -> dict:
     document = copy.deepcopy(SPEC)
     change(document)
@@ -64,7 +69,15 @@ def spec_with(change) -> dict:
     (lambda d: d.update(job={"mode": "ps"}),
      "job: {mode: ps} is not allowed (left out with jobs: each job of jobs has its own fields)"),
     (lambda d: d.update(controller={"sharing": "crux"}),
-     "controller.sharing: 'crux' is not allowed (one of fair, intensity, timeshift)"),
+     "controller.sharing: 'crux' is not allowed (one of fair, intensity, intensity-paths, timeshift)"),
+    (lambda d: (with_paths(d), d.update(topology={**d["topology"], "spines": 1})),
+     "controller.sharing: 'intensity-paths' is not allowed (fair, intensity or timeshift here: no job has two "
+     "hosts on switches joined by more than one shortest path, so there is no path to choose and it would change "
+     "nothing)"),
+    (lambda d: (with_paths(d), d.update(jobs=[
+        {"name": "a", "workers": ["h1", "h2"], "iterations": 4}, {"name": "b", "workers": ["h3", "h4"],
+                                                                   "iterations": 4}])),
+     "controller.sharing: 'intensity-paths' is not allowed (fair, intensity or timeshift here: no job has two "),
 ])
 def test_a_bad_jobs_section_is_one_line_naming_the_field(change, message):
     with pytest.raises(SpecError) as error:
@@ -100,6 +113,44 @@ def test_each_job_is_planned_under_its_own_id_number_and_hosts():
     assert [plan.document for plan in fair] == [None, None]  # fair and fifo: nothing for the controller
     tags = {job_tag(base, number) for base in (0, 5, 2**27 - 1) for number in range(16)}
     assert len(tags) == 48 and max(tags) < 2**31
+
+
+def test_under_intensity_paths_each_jobs_document_carries_its_bytes_from_host_to_host():
+    spec = parse_spec(spec_with(with_paths))
+    run = next(run for run in spec.runs if run.run_id == "sharing=intensity-paths,rep=1")
+    documents = [plan.document for plan in plan_jobs(run)]
+    assert [document["sharing"] for document in documents] == ["intensity-paths"] * 2
+    traffic = documents[1]["traffic"]  # resnet's ring of two: each worker sends the other its model, framed
+    assert [(entry["src"], entry["dst"]) for entry in traffic] == [("10.0.0.2", "10.0.0.4"), ("10.0.0.4", "10.0.0.2")]
+    model = sum(layer["bytes"] for layer in documents[1]["layers"])
+    assert traffic[0]["bytes"] == traffic[1]["bytes"] and model < traffic[0]["bytes"] < 1.05 * model
+    intensity = plan_jobs(next(run for run in spec.runs if run.run_id == "sharing=intensity,rep=1"))
+    assert "traffic" not in intensity[1].document
+
+
+def test_plan_shows_the_paths_intensity_paths_will_pin():
+    text = plan_text("two_jobs", dry_run(parse_spec(spec_with(with_paths))))
+    assert ("  sharing=intensity-paths,rep=1: paths pinned by intensity-paths, the most intense job first\n"
+            "    resnet: h2->h4 via spine1, h4->h2 via spine1\n"
+            "    mlp: h1->h3 via spine2, h3->h1 via spine2") in text
+    assert "sharing=intensity,rep=1: paths pinned" not in text
+
+
+def test_a_pinned_pairs_flows_move_to_the_uplink_of_its_path():
+    placed = {"uplinks": {"leaf1": {"spine1": ["vgg worker0->worker1", "resnet worker0->worker1"]},
+                          "leaf2": {"spine1": ["vgg worker1->worker0"], "spine2": ["resnet worker1->worker0"]}},
+              "max_flows_per_uplink": 2}
+    flows = [("vgg worker0->worker1", "10.0.0.1", "10.0.0.4"), ("vgg worker1->worker0", "10.0.0.4", "10.0.0.1"),
+             ("resnet worker0->worker1", "10.0.0.2", "10.0.0.5"), ("resnet worker1->worker0", "10.0.0.5", "10.0.0.2")]
+    jobs = [{"job": "run3.vgg", "paths": [{"src": "10.0.0.1", "dst": "10.0.0.4", "via": ["leaf1", "spine2", "leaf2"]},
+                                          {"src": "10.0.0.4", "dst": "10.0.0.1", "via": ["leaf2", "spine2", "leaf1"]}]},
+            {"job": "run3.resnet", "paths": [{"src": "10.0.0.2", "dst": "10.0.0.5",
+                                              "via": ["leaf1", "spine1", "leaf2"]}]}]
+    assert multijob.pinned_placement(placed, flows, jobs) == {
+        "uplinks": {"leaf1": {"spine1": ["resnet worker0->worker1"], "spine2": ["vgg worker0->worker1"]},
+                    "leaf2": {"spine2": ["resnet worker1->worker0", "vgg worker1->worker0"]}},
+        "max_flows_per_uplink": 2}
+    assert multijob.pinned_placement(placed, flows, [{"job": "x"}]) is placed
 
 
 def test_plan_shows_each_jobs_hosts_and_the_links_they_share():

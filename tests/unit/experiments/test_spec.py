@@ -292,7 +292,7 @@ def test_empty_spec_is_one_run_of_defaults():
 SHIPPED_SPEC_RUNS = {"smoke": 2, "default": 24, "headline": 65, "ablation": 53, "headline_contended": 18,
                      "loss_sweep": 12, "tictac": 24, "caramel": 18, "lossy_allreduce": 6, "scale": 6, "spraying": 24,
                      "bring_your_own": 2, "collectives": 144, "multijob": 18,
-                     "multijob_interleave": 12}
+                     "multijob_interleave": 12, "multijob_paths": 15}
 
 
 @pytest.mark.parametrize("name,runs", SHIPPED_SPEC_RUNS.items())
