@@ -18,7 +18,6 @@ import subprocess
 import time
 from functools import cache
 from pathlib import Path
-from shutil import which
 from typing import Callable
 
 from mininet.examples.cluster import MininetCluster, Placer, RemoteGRELink, RemoteMixin, RemoteOVSSwitch
@@ -30,7 +29,6 @@ from topologies.marks import HAND_RUN, interface_alias
 from topologies.nodes import FabricHost, FabricLink, OVSUserSwitch, ShapedIntf
 
 LOOPBACK = "127.0.0.1"
-SSH_FAILED = 255  # what ssh exits with when it fails itself; otherwise the remote command's status
 
 
 class FixedPlacer(Placer):
@@ -42,33 +40,6 @@ class FixedPlacer(Placer):
 
     def place(self, node: str) -> str:
         return self.where[node]
-
-
-def check_servers(servers: list[str], run: Callable = subprocess.run, find: Callable = which) -> None:
-    """The first server is this machine and every other one answers a root SSH command without a
-    password; every one has sudo (Mininet's remote nodes run `sudo -E` at both ends of SSH);
-    ClusterError naming the first that does not."""
-    if servers[0] != LOCAL:
-        raise ClusterError(f"cluster.servers: the first server must be {LOCAL} (this machine runs the controller "
-                           f"and keeps the results), not {servers[0]!r}")
-    for server in servers[1:]:
-        try:
-            result = run(["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", f"root@{server}", "command -v sudo"],
-                         capture_output=True, text=True)
-        except FileNotFoundError:
-            raise ClusterError("cluster.servers: ssh is not installed here "
-                               "(make setup installs openssh-client)") from None
-        if result.returncode not in (0, SSH_FAILED):
-            raise ClusterError(f"cluster.servers: {server} has no sudo, and Mininet's remote nodes start every "
-                               "command through it (run `make setup-server` there)")
-        if result.returncode != 0:
-            said = (result.stderr or "").strip().splitlines()
-            raise ClusterError(f"cluster.servers: {server} cannot be reached as root over SSH without a password "
-                               f"({said[-1] if said else f'ssh exited with {result.returncode}'}); "
-                               "docs/cluster.md says how to set up its keys")
-    if len(servers) > 1 and find("sudo") is None:
-        raise ClusterError("cluster.servers: sudo is not installed here, and Mininet's remote nodes start every "
-                           "command through it (make setup-server installs it)")
 
 
 def controller_address(servers: list[str], run: Callable = subprocess.run) -> str:

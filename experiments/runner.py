@@ -56,6 +56,7 @@ from experiments.spec import Run, Spec, SpecError, alone_runs, parse_spec
 from hostapps.config import process_arguments
 from emulation import cluster, placement
 from emulation.emulated_server import vswitchd_pid_at
+from emulation.preflight import check_servers
 from topologies.cluster import LOCAL, ClusterError, crossing_links
 from common.paths import REPO
 from emulation.fabric import Fabric, FabricError, kill_group
@@ -98,8 +99,8 @@ def run_experiment(spec: Spec, out_dir: Path, resume: bool, live_port: int | Non
 
 def _run_experiment(spec: Spec, out_dir: Path, resume: bool, live: LiveView | None) -> int:
     try:
-        for servers in sorted({tuple(run.config.cluster.servers) for run in spec.runs if run.config.cluster.servers}):
-            cluster.check_servers(list(servers))  # before this machine is touched
+        for servers, mtu in cluster_mtus(spec.runs).items():
+            check_servers(list(servers), mtu)  # before this machine is touched
         for tcp_cc in sorted({run.topology.tcp_cc for run in spec.runs}):
             prepare(tcp_cc)  # before meta.json records the machine's settings
     except (MachineError, ClusterError) as error:
@@ -130,6 +131,16 @@ def _run_experiment(spec: Spec, out_dir: Path, resume: bool, live: LiveView | No
     print(summary.write_summary(out))
     records = [read_run_record(out, run.run_id) for run in spec.runs]
     return sum(1 for record in records if record and record["status"] == "failed")
+
+
+def cluster_mtus(runs: list[Run]) -> dict[tuple[str, ...], int]:
+    """Each list of servers the runs use, with the largest MTU its underlay must carry in VXLAN."""
+    mtus: dict[tuple[str, ...], int] = {}
+    for run in runs:
+        if run.config.cluster.servers:
+            servers = tuple(run.config.cluster.servers)
+            mtus[servers] = max(mtus.get(servers, 0), run.topology.mtu)
+    return dict(sorted(mtus.items()))
 
 
 def _interrupt(signum: int, frame: object) -> None:
