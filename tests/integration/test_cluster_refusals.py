@@ -97,6 +97,7 @@ def test_a_daemon_that_cannot_make_its_datapath_is_refused(tmp_path, small_serve
 def test_a_server_whose_ovs_vswitchd_is_not_running_is_refused(tmp_path, small_server):
     on_the_server(small_server, "/usr/share/openvswitch/scripts/ovs-ctl stop")
     line = refused(tmp_path, f"[localhost, {small_server.server_ip}]", "--set", "topology.mtu=1400")
-    assert line.startswith(f"run: cluster.servers[1]: {small_server.server_ip}: its ovs-vswitchd does not answer ("), line
+    assert line.startswith(f"run: cluster.servers[1]: {small_server.server_ip}: its ovs-vswitchd does not "
+                           "answer ("), line
     assert line.endswith("): start Open vSwitch there (make setup-server)")
     nothing_left(small_server)
