@@ -6,8 +6,8 @@ one line naming the server's place in `cluster.servers`, the server and what is 
 
 For every server but this one, in order, the first problem found:
 - root over SSH without a password (nothing listening, no route, a key refused: each said apart);
-- sudo (Mininet's remote nodes run every command through `sudo -E`) and the repository's venv at
-  the same path (host apps run from it);
+- sudo (Mininet's remote nodes run every command through `sudo -E`), the repository and the
+  Python running this at the same paths (host apps and the fidelity sampler run from them);
 - its ovs-vswitchd answers and makes a userspace datapath: a bridge `dnnt-preflight` is added and
   deleted again in the same SSH session (a second daemon sharing a network namespace with another
   cannot: its datapath's tap `ovs-netdev` is taken, docs/platform.md);
@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
+import sys
 from shutil import which
 from typing import Callable
 
@@ -54,16 +55,16 @@ def ping_argv(address: str, packet_bytes: int) -> list[str]:
             address]
 
 
-def probes_script(mtu: int, peers: list[str], back_to: str, repo: str = str(REPO)) -> str:
+def probes_script(mtu: int, peers: list[str], back_to: str, repo: str = str(REPO),
+                  python: str = sys.executable) -> str:
     """What one SSH session runs on a server: `key=value` lines for server_problem. Pings print
     `ping <size> <address>=<exit status>|<its output, lines joined by |>`."""
     needed = underlay_mtu_needed(mtu)
-    venv_python = shlex.quote(f"{repo}/.venv/bin/python")
     bridge = PROBE_BRIDGE
     lines = [
         "oneline() { printf '%s' \"$1\" | tr '\\n' '|'; }",
         'if command -v sudo >/dev/null 2>&1; then echo sudo=yes; else echo sudo=no; fi',
-        f'if [ -x {venv_python} ]; then echo repo=yes; else echo repo=no; fi',
+        f'if [ -d {shlex.quote(repo)} ] && [ -x {shlex.quote(python)} ]; then echo repo=yes; else echo repo=no; fi',
         'said=$(ovs-appctl -t ovs-vswitchd --timeout=3 version 2>&1); status=$?',
         'printf "vswitchd=%s|%s\\n" "$status" "$(oneline "$said")"',
         'if [ "$status" = 0 ]; then',
@@ -153,12 +154,12 @@ def _ping_result(value: str) -> tuple[int, str]:
 
 
 def server_problem(probes: dict[str, str], mtu: int, peers: list[str], back_to: str,
-                   repo: str = str(REPO)) -> str | None:
+                   repo: str = str(REPO), python: str = sys.executable) -> str | None:
     """The first problem probes_script found on a server, None when it is ready."""
     if probes.get("sudo") != "yes":
         return "has no sudo, and Mininet's remote nodes start every command through it (run `make setup-server` there)"
     if probes.get("repo") != "yes":
-        return (f"has no {repo}/.venv/bin/python: the repository must be at the same path with its venv "
+        return (f"has no {repo} or no {python}: the repository and its venv must be at the same paths as here "
                 "(run `make setup-server` there)")
     status, said = _ping_result(probes.get("vswitchd", "1|no answer"))
     if status != 0:

@@ -3,12 +3,12 @@ problem one line naming `cluster.servers[i]`, the server and what is wrong. The 
 script runs in a real shell over fake `ping`, `ovs-appctl`, `ovs-vsctl` and `sudo`; no server, no
 SSH, no Open vSwitch."""
 import subprocess
+import sys
 
 import pytest
 
 from emulation.preflight import (check_servers, parse_probes, probes_script, server_problem, ssh_problem,
                                  underlay_problem)
-from common.paths import REPO as REPO_HERE
 from topologies.cluster import ClusterError
 
 HERE, THERE, THIRD = "10.0.0.1", "10.0.0.2", "10.0.0.3"
@@ -67,14 +67,19 @@ def fake_server(tmp_path):
     def run(script: str, **knobs: str) -> subprocess.CompletedProcess:
         env = {"PATH": str(bin_dir), "FAKE_LOG": str(log), **knobs}
         return subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, env=env, timeout=10)
-    run.bin, run.repo, run.log = bin_dir, repo, log
+    run.bin, run.repo, run.log, run.python = bin_dir, repo, log, str(repo / ".venv" / "bin" / "python")
     return run
 
 
 def probes(fake_server, mtu=9000, peers=(), **knobs) -> dict[str, str]:
-    done = fake_server(probes_script(mtu, list(peers), HERE, repo=str(fake_server.repo)), **knobs)
+    done = fake_server(probes_script(mtu, list(peers), HERE, repo=str(fake_server.repo), python=fake_server.python),
+                       **knobs)
     assert done.returncode == 0, done.stderr
     return parse_probes(done.stdout)
+
+
+def judged(fake_server, found: dict[str, str], mtu: int, peers: list[str]) -> str | None:
+    return server_problem(found, mtu, peers, HERE, repo=str(fake_server.repo), python=fake_server.python)
 
 
 def test_a_ready_server_passes_and_its_probe_bridge_is_gone(fake_server):
@@ -83,7 +88,7 @@ def test_a_ready_server_passes_and_its_probe_bridge_is_gone(fake_server):
     assert found["vswitchd"].startswith("0|ovs-vswitchd (Open vSwitch)")
     assert found["datapath"].startswith("65534|[]|")
     assert set(found) >= {f"ping {size} {address}" for size in (84, 9050) for address in (HERE, THIRD)}
-    assert server_problem(found, 9000, [THIRD], HERE, repo=str(fake_server.repo)) is None
+    assert judged(fake_server, found, 9000, [THIRD]) is None
     calls = fake_server.log.read_text().splitlines()
     assert "add-br dnnt-preflight" in calls[0] and "datapath_type=netdev" in calls[0]
     assert calls[-1].endswith("--if-exists del-br dnnt-preflight")  # and the trap deletes it again on exit
@@ -91,16 +96,16 @@ def test_a_ready_server_passes_and_its_probe_bridge_is_gone(fake_server):
 
 def test_an_underlay_too_small_from_the_server_is_one_line(fake_server):
     found = probes(fake_server, FAKE_MTU="1450")
-    assert server_problem(found, 9000, [], HERE, repo=str(fake_server.repo)) == (
+    assert judged(fake_server, found, 9000, []) == (
         "the underlay from it back to this machine carries packets of at most 1450 bytes; topology.mtu 9000 needs "
         "9050 (VXLAN adds 50): raise the underlay's MTU or lower topology.mtu")
     found = probes(fake_server, mtu=1400, FAKE_MTU="1450")
-    assert server_problem(found, 1400, [], HERE, repo=str(fake_server.repo)) is None  # 1450 carries MTU 1400
+    assert judged(fake_server, found, 1400, []) is None  # 1450 carries MTU 1400
 
 
 def test_an_underlay_that_drops_big_packets_silently_is_told_from_one_that_drops_ping(fake_server):
     found = probes(fake_server, peers=[THIRD], FAKE_MTU="1500", FAKE_SILENT="1")
-    assert server_problem(found, 9000, [THIRD], HERE, repo=str(fake_server.repo)) == (
+    assert judged(fake_server, found, 9000, [THIRD]) == (
         "the underlay from it back to this machine drops unfragmented packets of 9050 bytes where it carries "
         "small ones (1 packets transmitted, 0 received, 100% packet loss, time 0ms); topology.mtu 9000 needs 9050 "
         "(VXLAN adds 50): raise the underlay's MTU or lower topology.mtu")
@@ -113,14 +118,14 @@ def test_a_server_whose_ovs_vswitchd_is_not_running_is_named_and_gets_no_bridge(
     found = probes(fake_server, FAKE_NO_VSWITCHD="1")
     assert "datapath" not in found
     assert not fake_server.log.exists()  # ovs-vsctl would wait for the daemon: never called
-    assert server_problem(found, 9000, [], HERE, repo=str(fake_server.repo)) == (
+    assert judged(fake_server, found, 9000, []) == (
         'its ovs-vswitchd does not answer (ovs-appctl: cannot read pidfile "/var/run/openvswitch/ovs-vswitchd.pid" '
         "(No such file or directory)): start Open vSwitch there (make setup-server)")
 
 
 def test_a_daemon_that_cannot_make_its_datapath_is_named_and_its_bridge_removed(fake_server):
     found = probes(fake_server, FAKE_TAP_TAKEN="1")
-    assert server_problem(found, 9000, [], HERE, repo=str(fake_server.repo)) == (
+    assert judged(fake_server, found, 9000, []) == (
         "its ovs-vswitchd cannot make a userspace bridge (could not open network device dnnt-preflight (Device or "
         "resource busy)): is another ovs-vswitchd running in its network namespace? (docs/platform.md)")
     assert fake_server.log.read_text().splitlines()[-1].endswith("--if-exists del-br dnnt-preflight")
@@ -129,12 +134,14 @@ def test_a_daemon_that_cannot_make_its_datapath_is_named_and_its_bridge_removed(
 def test_no_sudo_or_no_repository_there_come_first(fake_server):
     (fake_server.bin / "sudo").unlink()
     found = probes(fake_server, FAKE_NO_VSWITCHD="1")
-    assert server_problem(found, 9000, [], HERE, repo=str(fake_server.repo)).startswith("has no sudo")
-    done = fake_server(probes_script(9000, [], HERE, repo="/elsewhere"), FAKE_NO_VSWITCHD="1")
+    assert judged(fake_server, found, 9000, []).startswith("has no sudo")
+    done = fake_server(probes_script(9000, [], HERE, repo="/elsewhere", python="/elsewhere/python"),
+                       FAKE_NO_VSWITCHD="1")
     found = parse_probes(done.stdout)
     assert found["repo"] == "no"
-    assert server_problem({**found, "sudo": "yes"}, 9000, [], HERE, repo="/elsewhere") == (
-        "has no /elsewhere/.venv/bin/python: the repository must be at the same path with its venv "
+    assert server_problem({**found, "sudo": "yes"}, 9000, [], HERE, repo="/elsewhere",
+                          python="/elsewhere/python") == (
+        "has no /elsewhere or no /elsewhere/python: the repository and its venv must be at the same paths as here "
         "(run `make setup-server` there)")
 
 
@@ -166,7 +173,7 @@ def world(fake_server, local_mtu=65536, ssh_said="", **knobs):
         assert argv[0] == "ssh" and "BatchMode=yes" in argv and "ConnectTimeout=5" in argv
         if ssh_said:
             return subprocess.CompletedProcess(argv, 255, "", ssh_said + "\n")
-        return fake_server(argv[-1].replace(str(REPO_HERE), str(fake_server.repo)), **knobs)
+        return fake_server(argv[-1].replace(f"-x {sys.executable}", f"-x {fake_server.python}"), **knobs)
     return run, calls
 
 
