@@ -247,13 +247,14 @@ def clock_offset(node, clock: Callable[[], float] = time.time) -> tuple[float, f
 TIMESTAMPED = {"iterations.csv": ("start_s", "end_s"), "tensors.csv": ("start_s", "end_s")}
 
 
-def to_local_clock(folder: Path, offset_s: float) -> None:
+def to_local_clock(folder: Path, offset_s: float, files: dict[str, tuple[str, ...]] = TIMESTAMPED) -> None:
     """Restamp a host app's records written on a server whose clock is `offset_s` ahead: the
     runner's metrics compare times across processes (the last worker's end of an iteration, the
-    straggler spread), so every record must be on this machine's clock."""
+    straggler spread), so every record must be on this machine's clock. `files`: which files, and
+    their columns of timestamps."""
     if offset_s == 0:
         return
-    for name, columns in TIMESTAMPED.items():
+    for name, columns in files.items():
         path = folder / name
         if not path.exists():
             continue

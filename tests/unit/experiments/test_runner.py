@@ -142,8 +142,8 @@ def test_a_run_of_several_jobs_registers_tags_and_starts_each_at_its_offset(monk
                  {"name": "b", "workers": ["h2", "h4"], "iterations": 3, "transport": "mlt", "start_s": 2,
                   "model": {"name": "resnet50"}}]})
     run = spec.runs[-1]
-    monkeypatch.setattr(runner, "FabricSampler", lambda path, ports, *daemons: contextlib.nullcontext())
-    monkeypatch.setattr(runner, "switch_ports", lambda fab: {})
+    monkeypatch.setattr(runner, "FabricSampler", lambda path, ports: contextlib.nullcontext())
+    monkeypatch.setattr(runner, "ports_by_server", lambda fab: {"localhost": {}})
     fab = RestFabric()
     with Progress(1, disable=True) as progress:
         progress.start_run(run.run_id, 3)
