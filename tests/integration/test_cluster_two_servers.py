@@ -121,6 +121,17 @@ def test_the_smoke_spec_trains_across_two_servers_as_on_one(tmp_path, second_ser
     assert tunnelled["packets"] >= through["packets"] and tunnelled["bytes"] >= through["bytes"], (tunnelled, through)
     assert counted["input"]["packets"] > 0 and counted["output"]["packets"] > 0
 
+    # Each server sampled for the guard by its own sampler: the server's ovs-vswitchd forwarded, and
+    # runs.csv's verdict names each failing server (the smoke spec is CPU-bound).
+    for run_dir in [path for path in (two / "runs").iterdir() if path.is_dir()]:
+        samples = pd.read_csv(run_dir / "servers" / second_server.server_ip / "cpu.csv")
+        assert len(samples) >= 2 and samples["vswitchd_thread_util"].gt(0).any(), run_dir.name
+        queues = pd.read_csv(run_dir / "servers" / second_server.server_ip / "queues.csv")
+        assert set(queues["switch"]) == {"leaf2", "spine2"}, run_dir.name
+    reasons = pd.read_csv(two / "runs.csv")["fidelity_reason"].fillna("")
+    assert all(part.split(": ", 1)[0] in ("localhost", second_server.server_ip)
+               for reason in reasons for part in reason.split(" | ") if part), list(reasons)
+
     one = tmp_path / "one-machine"
     run_smoke(one)
     for run in ("mode=allreduce,rep=1", "mode=ps,rep=1"):
