@@ -11,7 +11,7 @@ import pytest
 
 from emulation import emulated_server
 from helpers import REPO
-from helpers.fabric import experiments_cli, finish, leftovers
+from helpers.fabric import experiments_cli, finish, left_on_the_server, leftovers
 
 SMOKE = REPO / "experiments" / "smoke.yaml"
 NAME, SUBNET, UNDERLAY_MTU = "irefuse", "10.251.0.8/30", 1450
@@ -47,15 +47,7 @@ def on_the_server(state, command: str) -> str:
 
 def nothing_left(state) -> None:
     """Only the server's sshd and its Open vSwitch daemons run there, and it has no bridge."""
-    extra = []
-    for pid in emulated_server.processes_of(state):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-        except OSError:
-            continue
-        if pid != state.sshd["pid"] and not cmdline.startswith(("ovsdb-server", "ovs-vswitchd")):
-            extra.append(f"{pid} {cmdline}")
-    assert extra == []
+    assert left_on_the_server(state) == []
     bridges = subprocess.run(["ssh", "-o", "BatchMode=yes", f"root@{state.server_ip}",
                               "ovs-vsctl --timeout=3 list-br 2>/dev/null"], capture_output=True, text=True, timeout=30)
     assert bridges.stdout.split() == []

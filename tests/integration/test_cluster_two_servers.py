@@ -15,7 +15,7 @@ from common.frames import DEFAULT_MTU
 from emulation import emulated_server
 from emulation.fabric import Fabric
 from helpers import REPO
-from helpers.fabric import experiments_cli, finish, leftovers
+from helpers.fabric import experiments_cli, finish, left_on_the_server, leftovers
 
 SMOKE = REPO / "experiments" / "smoke.yaml"
 NAME, SUBNET = "itest", "10.251.0.4/30"
@@ -38,19 +38,6 @@ def second_server():
     assert sh("ip", "link", "show", state.veth).returncode != 0
     assert not Path(state.directory).exists() and not Path(state.ssh_config).exists()
     assert emulated_server.processes_of(state) == []
-
-
-def left_on_the_server(state) -> list[str]:
-    """What runs in the emulated server besides its sshd and Open vSwitch (after a fabric: nothing)."""
-    left = []
-    for pid in emulated_server.processes_of(state):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-        except OSError:
-            continue
-        if pid != state.sshd["pid"] and not cmdline.startswith(("ovsdb-server", "ovs-vswitchd")):  # and monitors
-            left.append(f"{pid} {cmdline}")
-    return left
 
 
 def count_vxlan(state) -> None:
