@@ -73,9 +73,9 @@ def test_an_underlay_too_small_for_the_fabrics_frames_is_refused(tmp_path, small
 
 def test_a_daemon_that_cannot_make_its_datapath_is_refused(tmp_path, small_server):
     """A second ovs-vswitchd in a namespace with another's datapath tap cannot make its own (docs/platform.md):
-    an interface of that name, `ovs-netdev`, is taken in the server's namespace."""
-    taken = subprocess.run(["ip", "-n", small_server.namespace, "link", "add", "ovs-netdev", "type", "dummy"],
-                           capture_output=True, text=True)
+    an interface of that name, `ovs-netdev`, is taken in the server's namespace (deleting it deletes its peer)."""
+    taken = subprocess.run(["ip", "-n", small_server.namespace, "link", "add", "ovs-netdev", "type", "veth", "peer",
+                            "name", "ovs-netdev-peer"], capture_output=True, text=True)  # no dummy in this kernel
     assert taken.returncode == 0, taken.stderr
     try:
         line = refused(tmp_path, f"[localhost, {small_server.server_ip}]", "--set", "topology.mtu=1400")
