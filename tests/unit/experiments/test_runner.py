@@ -212,3 +212,15 @@ def test_each_jobs_rank0_worker_reports_its_iterations_to_the_live_view(tmp_path
             {"name": "b", "hosts": ["h2"], "done": 1, "times": []}]
     finally:
         live.server.server_close()
+
+
+def test_each_list_of_servers_is_checked_for_the_largest_mtu_its_runs_use():
+    from types import SimpleNamespace
+
+    from experiments.runner import cluster_mtus
+
+    def run(servers, mtu):
+        return SimpleNamespace(config=SimpleNamespace(cluster=SimpleNamespace(servers=servers)),
+                               topology=SimpleNamespace(mtu=mtu))
+    runs = [run([], 9000), run(["localhost", "b"], 1500), run(["localhost", "b"], 9000), run(["localhost", "c"], 1400)]
+    assert cluster_mtus(runs) == {("localhost", "b"): 9000, ("localhost", "c"): 1400}
