@@ -233,6 +233,7 @@ class RemoteSamplers:
                 process.stdin.close()  # its end of sampling: it takes a last sample and writes its files
             except OSError:
                 pass
+            process.stdin = None  # closed: communicate() must not flush it
         for server, process in self.processes.items():
             try:
                 _, said = process.communicate(timeout=REMOTE_STOP_S)

@@ -46,10 +46,12 @@ class FakeSession:
     def __init__(self, argv, status=0, said=""):
         self.argv, self.returncode, self._said = argv, None, said
         self._status = status
-        self.stdin = io.StringIO()
+        self.stdin = self.stdin_sent = io.StringIO()
 
     def communicate(self, timeout=None):
-        assert self.stdin.closed, "the sampler is stopped by closing its stdin"
+        if self.stdin is not None:
+            self.stdin.flush()  # as Popen's does: a closed stdin left in place raises
+        assert self.stdin_sent.closed, "the sampler is stopped by closing its stdin"
         self.returncode = self._status
         return None, self._said
 
@@ -67,7 +69,7 @@ def test_each_other_server_gets_a_sampler_over_ssh_and_a_failed_one_is_said(tmp_
     with RemoteSamplers(tmp_path, ports, "/venv/python", "/repo", popen=popen) as samplers:
         assert [session.argv[:6] for session in sessions] == [
             ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", f"root@{server}"] for server in ("a", "b")]
-        assert all(not session.stdin.closed for session in sessions)
+        assert all(not session.stdin_sent.closed for session in sessions)
     command = shlex.split(sessions[0].argv[-1])
     assert command[:6] == ["cd", "/repo", "&&", "exec", "/venv/python", "-m"]
     assert command[6:8] == ["experiments.sampler", str(tmp_path / "servers" / "a")]
