@@ -115,7 +115,7 @@ def test_the_smoke_spec_trains_across_two_servers_as_on_one(tmp_path, second_ser
         assert len(samples) >= 2 and samples["vswitchd_thread_util"].gt(0).any(), run_dir.name
         queues = pd.read_csv(run_dir / "servers" / second_server.server_ip / "queues.csv")
         assert set(queues["switch"]) == {"leaf2", "spine2"}, run_dir.name
-    reasons = pd.read_csv(two / "runs.csv")["fidelity_reason"].fillna("")
+    reasons = pd.read_csv(two / "runs.csv", keep_default_na=False)["fidelity_reason"]
     assert all(part.split(": ", 1)[0] in ("localhost", second_server.server_ip)
                for reason in reasons for part in reason.split(" | ") if part), list(reasons)
 
