@@ -232,7 +232,7 @@ _clock_offsets: dict[str, dict[str, tuple[float, float]]] = {}  # fabric id -> s
 
 
 def clock_offsets(fab: Fabric) -> dict[str, tuple[float, float]]:
-    """Each server's clock against this machine's, measured once per fabric (through one of its hosts)."""
+    """Each server's clock against this machine's, measured once per fabric (through one of its nodes)."""
     if fab.id not in _clock_offsets:
         first = {}
         for node in fab.net.hosts + fab.net.switches:  # a server may hold switches alone
