@@ -18,7 +18,6 @@ import subprocess
 import time
 from functools import cache
 from pathlib import Path
-from shutil import which
 from typing import Callable
 
 from mininet.examples.cluster import MininetCluster, Placer, RemoteGRELink, RemoteMixin, RemoteOVSSwitch
@@ -30,7 +29,6 @@ from topologies.marks import HAND_RUN, interface_alias
 from topologies.nodes import FabricHost, FabricLink, OVSUserSwitch, ShapedIntf
 
 LOOPBACK = "127.0.0.1"
-SSH_FAILED = 255  # what ssh exits with when it fails itself; otherwise the remote command's status
 
 
 class FixedPlacer(Placer):
@@ -42,33 +40,6 @@ class FixedPlacer(Placer):
 
     def place(self, node: str) -> str:
         return self.where[node]
-
-
-def check_servers(servers: list[str], run: Callable = subprocess.run, find: Callable = which) -> None:
-    """The first server is this machine and every other one answers a root SSH command without a
-    password; every one has sudo (Mininet's remote nodes run `sudo -E` at both ends of SSH);
-    ClusterError naming the first that does not."""
-    if servers[0] != LOCAL:
-        raise ClusterError(f"cluster.servers: the first server must be {LOCAL} (this machine runs the controller "
-                           f"and keeps the results), not {servers[0]!r}")
-    for server in servers[1:]:
-        try:
-            result = run(["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", f"root@{server}", "command -v sudo"],
-                         capture_output=True, text=True)
-        except FileNotFoundError:
-            raise ClusterError("cluster.servers: ssh is not installed here "
-                               "(make setup installs openssh-client)") from None
-        if result.returncode not in (0, SSH_FAILED):
-            raise ClusterError(f"cluster.servers: {server} has no sudo, and Mininet's remote nodes start every "
-                               "command through it (run `make setup-server` there)")
-        if result.returncode != 0:
-            said = (result.stderr or "").strip().splitlines()
-            raise ClusterError(f"cluster.servers: {server} cannot be reached as root over SSH without a password "
-                               f"({said[-1] if said else f'ssh exited with {result.returncode}'}); "
-                               "docs/cluster.md says how to set up its keys")
-    if len(servers) > 1 and find("sudo") is None:
-        raise ClusterError("cluster.servers: sudo is not installed here, and Mininet's remote nodes start every "
-                           "command through it (make setup-server installs it)")
 
 
 def controller_address(servers: list[str], run: Callable = subprocess.run) -> str:
@@ -276,13 +247,14 @@ def clock_offset(node, clock: Callable[[], float] = time.time) -> tuple[float, f
 TIMESTAMPED = {"iterations.csv": ("start_s", "end_s"), "tensors.csv": ("start_s", "end_s")}
 
 
-def to_local_clock(folder: Path, offset_s: float) -> None:
+def to_local_clock(folder: Path, offset_s: float, files: dict[str, tuple[str, ...]] = TIMESTAMPED) -> None:
     """Restamp a host app's records written on a server whose clock is `offset_s` ahead: the
     runner's metrics compare times across processes (the last worker's end of an iteration, the
-    straggler spread), so every record must be on this machine's clock."""
+    straggler spread), so every record must be on this machine's clock. `files`: which files, and
+    their columns of timestamps."""
     if offset_s == 0:
         return
-    for name, columns in TIMESTAMPED.items():
+    for name, columns in files.items():
         path = folder / name
         if not path.exists():
             continue

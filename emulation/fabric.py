@@ -29,11 +29,12 @@ from mininet.net import Mininet
 from common.signals import signals_deferred
 from emulation.cleanup import (LOCK_FILE, STATE_DIR, FabricRecord, clean_stale, kill_group, marked_bridges,
                                process_record, write_state)
-from emulation.cluster import (LOOPBACK, check_servers, cluster_network, controller_address, kill_in_namespace,
+from emulation.cluster import (LOOPBACK, cluster_network, controller_address, kill_in_namespace,
                                popen_options, remote_argv, server_of)
 from emulation.controller import ControllerProcess, rest
 from emulation.errors import FabricError
 from emulation.machine import MachineError, prepare, vswitchd_pid
+from emulation.preflight import check_servers
 from topologies.cluster import LOCAL
 from topologies.cluster import placement as placement_of
 from topologies.leafspine import TopologyError, topos
@@ -75,7 +76,7 @@ class Fabric:
         self.ofp_host = LOOPBACK
         if servers:
             placement_of(self.topo.layout, servers, placement)
-            check_servers(servers)
+            check_servers(servers, self.topo.mtu)
             self.ofp_host = controller_address(servers)
         self.controller = ControllerProcess(lb, self.workdir, self.ofp_host, ofp_port, rest_port, stats_csv,
                                             stats_interval, topo_hosts(self.topo) if known_hosts else None,

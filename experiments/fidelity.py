@@ -17,6 +17,13 @@ end), from what the runner sampled (experiments/sampler.py) and the host apps re
   mlt's pacer) woke <= APP_LAG_P99_MS_LIMIT.
 
 `fidelity_ok` holds only when every check passes; `fidelity_reason` names each one that failed.
+
+On a fabric across servers every server is judged on its own samples (each has its own switches,
+queues, ovs-vswitchd and CPUs; experiments/sampler.py samples each), the host-app timing once
+(`judge_servers`): the run is green only when every server is, `fidelity_reason` has one part per
+failing server (`<server>: <its reasons>`, parts joined by ` | `), and the figures are the worst
+server's (the highest CPU and thread, the lowest drain fraction, the drops summed). A server
+without samples in the training window fails.
 All functions are pure (DataFrames and dicts in, numbers and strings out).
 """
 from __future__ import annotations
@@ -104,4 +111,47 @@ def judge(cpu: pd.DataFrame, queues: pd.DataFrame, drains: pd.DataFrame, sockets
         "class_queue_drops_pkts": class_drops, "outside_queue_drops_pkts": outside, "app_lag_ms_p99": lag,
         "fidelity_ok": (not reasons) if known else pd.NA,
         "fidelity_reason": "; ".join(reasons) if known else "no CPU samples in the training window",
+    }
+
+
+SERVER_SEPARATOR = " | "
+
+
+def judge_servers(samples: dict[str, dict | None], port_rates: pd.DataFrame, timing_p99_ms: list[float],
+                  start_s: float, end_s: float) -> dict[str, object]:
+    """The FIDELITY_COLUMNS of one run on one or several servers. samples: per server in
+    cluster.servers' order (this machine first), its sampler's records (`cpu`, `queues`, `drains`,
+    `sockets`: DataFrames; `ovs`: dict), or None when there are none. This machine's verdict alone
+    may be unknown (no CPU sample in the window, as on one machine); another server's fails."""
+    verdicts, parts, failed, unknown = {}, [], False, False
+    for index, (server, records) in enumerate(samples.items()):
+        if records is None:
+            parts.append(f"{server}: no samples from its sampler")
+            failed = True
+            continue
+        verdict = judge(records["cpu"], records["queues"], records["drains"], records["sockets"], records["ovs"],
+                        port_rates, timing_p99_ms if index == 0 else [], start_s, end_s)  # host apps judged once
+        verdicts[server] = verdict
+        if verdict["fidelity_ok"] is not True:
+            parts.append(f"{server}: {verdict['fidelity_reason']}")
+            unknown |= index == 0 and verdict["fidelity_ok"] is pd.NA
+            failed |= index > 0 or verdict["fidelity_ok"] is False
+    if len(samples) == 1 and verdicts:
+        return next(iter(verdicts.values()))
+    judged = list(verdicts.values())
+
+    def worst(column: str, pick) -> float:
+        values = [float(verdict[column]) for verdict in judged if not pd.isna(verdict[column])]
+        return pick(values) if values else math.nan
+
+    first = verdicts.get(next(iter(samples)))
+    return {
+        "cpu_util_mean": worst("cpu_util_mean", max),
+        "vswitchd_thread_util_mean": worst("vswitchd_thread_util_mean", max),
+        "link_rate_frac": worst("link_rate_frac", min),
+        "class_queue_drops_pkts": sum(int(verdict["class_queue_drops_pkts"]) for verdict in judged),
+        "outside_queue_drops_pkts": sum(int(verdict["outside_queue_drops_pkts"]) for verdict in judged),
+        "app_lag_ms_p99": first["app_lag_ms_p99"] if first else max(timing_p99_ms, default=math.nan),
+        "fidelity_ok": False if failed else (pd.NA if unknown else True),
+        "fidelity_reason": SERVER_SEPARATOR.join(parts),
     }

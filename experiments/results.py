@@ -10,6 +10,7 @@ aggregated from them.
     OUT/runs/<run_id>/run.json     the run's config, start/end, status (write_run_record)
     OUT/runs/<run_id>/ports.csv, port_rates.csv                   controller and runner
     OUT/runs/<run_id>/cpu.csv, queues.csv, drain.csv, sockets.csv, ovs.json   runner (sampler.py)
+    OUT/runs/<run_id>/servers/<server>/ the same five for each other server of a cluster (its sampler)
     OUT/runs/<run_id>/<host>-<role><rank>/iterations.csv, tensors.csv, summary.json  host apps
         (and model.npz, trace.json; stdout.log, stderr.log: the process's output)
     OUT/runs/<run_id>/flow<i>-<src>-<dst>.log     iperf3 output of background flows
@@ -41,7 +42,7 @@ import yaml
 
 from controller import stats as controller_stats
 from experiments import fidelity, metrics, multijob
-from experiments.sampler import CPU_COLUMNS, DRAIN_COLUMNS, QUEUE_COLUMNS, SOCKET_COLUMNS
+from experiments.sampler import CPU_COLUMNS, DRAIN_COLUMNS, QUEUE_COLUMNS, SERVERS_DIR, SOCKET_COLUMNS
 from experiments.columns import CONFIG_COLUMNS, JOB_COLUMNS, runs_columns
 from experiments.effects import EFFECT_COLUMNS, EFFECT_NUMERIC, effects
 from experiments.spec import Run, Spec, alone_runs, get_field, parse_spec, scheme_of
@@ -49,6 +50,7 @@ from hostapps import records
 from common.files import atomic_open, write_text
 from common.sysctl import read_sysctl
 from emulation.machine import ALLOWED_TCP_CC, SOCKET_BUFFERS, transmit_buffer_bytes
+from topologies.cluster import LOCAL
 
 MACHINE_SYSCTLS = [*SOCKET_BUFFERS, ALLOWED_TCP_CC, "net/ipv4/tcp_congestion_control"]
 
@@ -523,7 +525,18 @@ def read_run(out_dir: str | Path, run: Run) -> dict[str, Any]:
         "sockets": _read_csv(path / "sockets.csv", SOCKET_COLUMNS),
         "ovs": _ovs_record(path / "ovs.json"),
         "models": models if models and all(model is not None for model in models) else None,
+        "servers": {server: _server_samples(path / SERVERS_DIR / server) for server in run.config.cluster.servers[1:]},
     }
+
+
+def _server_samples(folder: Path) -> dict[str, Any] | None:
+    """Another server's sampler records (runs/<run>/servers/<server>/), None when it left none."""
+    if not real_folder(folder).is_dir():
+        return None
+    return {"cpu": _read_csv(folder / "cpu.csv", CPU_COLUMNS),
+            "queues": _read_csv(folder / "queues.csv", QUEUE_COLUMNS),
+            "drains": _read_csv(folder / "drain.csv", DRAIN_COLUMNS),
+            "sockets": _read_csv(folder / "sockets.csv", SOCKET_COLUMNS), "ovs": _ovs_record(folder / "ovs.json")}
 
 
 # -------------------------------------------------------------------------------- aggregation
@@ -573,9 +586,9 @@ def _run_row(out: Path, run: Run, record: dict[str, Any], records: dict[str, pd.
     if records["models"] is not None:
         row["replica_divergence"] = metrics.replica_divergence(records["models"])
     start_s, end_s = metrics.training_window_s(iterations)
-    row.update(fidelity.judge(records["cpu"], records["queues"], records["drains"], records["sockets"],
-                              records["ovs"], records["port_rates"],
-                              list(records["summaries"]["lag_ms_p99"].dropna()), start_s, end_s))
+    here = {key: records[key] for key in ("cpu", "queues", "drains", "sockets", "ovs")}
+    row.update(fidelity.judge_servers({LOCAL: here, **records.get("servers", {})}, records["port_rates"],
+                                      list(records["summaries"]["lag_ms_p99"].dropna()), start_s, end_s))
     return row
 
 

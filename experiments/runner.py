@@ -49,13 +49,13 @@ from experiments.results import (PORT_COLUMNS, PORT_RATE_COLUMNS, Damaged, aggre
                                  start_output, write_csv, write_run_record)
 from common.files import write_text
 from common.schema import one_line
-from experiments.sampler import FabricSampler
+from experiments.sampler import SAMPLED_FILES, FabricSampler, RemoteSamplers
 from experiments.runplan import (OPENFLOW_PORT, REST_PORT, RunPlan, data_flows, fabric_key, fabric_params, host_ips,
                                 job_tag, plan_jobs)
 from experiments.spec import Run, Spec, SpecError, alone_runs, parse_spec
 from hostapps.config import process_arguments
 from emulation import cluster, placement
-from emulation.emulated_server import vswitchd_pid_at
+from emulation.preflight import check_servers
 from topologies.cluster import LOCAL, ClusterError, crossing_links
 from common.paths import REPO
 from emulation.fabric import Fabric, FabricError, kill_group
@@ -98,8 +98,8 @@ def run_experiment(spec: Spec, out_dir: Path, resume: bool, live_port: int | Non
 
 def _run_experiment(spec: Spec, out_dir: Path, resume: bool, live: LiveView | None) -> int:
     try:
-        for servers in sorted({tuple(run.config.cluster.servers) for run in spec.runs if run.config.cluster.servers}):
-            cluster.check_servers(list(servers))  # before this machine is touched
+        for servers, mtu in cluster_mtus(spec.runs).items():
+            check_servers(list(servers), mtu)  # before this machine is touched
         for tcp_cc in sorted({run.topology.tcp_cc for run in spec.runs}):
             prepare(tcp_cc)  # before meta.json records the machine's settings
     except (MachineError, ClusterError) as error:
@@ -130,6 +130,16 @@ def _run_experiment(spec: Spec, out_dir: Path, resume: bool, live: LiveView | No
     print(summary.write_summary(out))
     records = [read_run_record(out, run.run_id) for run in spec.runs]
     return sum(1 for record in records if record and record["status"] == "failed")
+
+
+def cluster_mtus(runs: list[Run]) -> dict[tuple[str, ...], int]:
+    """Each list of servers the runs use, with the largest MTU its underlay must carry in VXLAN."""
+    mtus: dict[tuple[str, ...], int] = {}
+    for run in runs:
+        if run.config.cluster.servers:
+            servers = tuple(run.config.cluster.servers)
+            mtus[servers] = max(mtus.get(servers, 0), run.topology.mtu)
+    return dict(sorted(mtus.items()))
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -205,11 +215,6 @@ def fabric_dir(out: Path, first: Run) -> Path:
     return workdir
 
 
-def emulated_vswitchds(fab: Fabric) -> tuple[int, ...]:
-    """The ovs-vswitchd of each of the fabric's servers that is emulated on this machine."""
-    return tuple(pid for server in fab.servers or [] if (pid := vswitchd_pid_at(server)) is not None)
-
-
 def fabric_placement(fab: Fabric) -> dict:
     """The fabric's size and where its nodes run (for fabrics/<first run>/fabric.json)."""
     layout = fab.topo.layout
@@ -227,11 +232,11 @@ _clock_offsets: dict[str, dict[str, tuple[float, float]]] = {}  # fabric id -> s
 
 
 def clock_offsets(fab: Fabric) -> dict[str, tuple[float, float]]:
-    """Each server's clock against this machine's, measured once per fabric (through one of its hosts)."""
+    """Each server's clock against this machine's, measured once per fabric (through one of its nodes)."""
     if fab.id not in _clock_offsets:
         first = {}
-        for host in fab.net.hosts:
-            first.setdefault(cluster.server_of(host), host)
+        for node in fab.net.hosts + fab.net.switches:  # a server may hold switches alone
+            first.setdefault(cluster.server_of(node), node)
         _clock_offsets[fab.id] = {server: cluster.clock_offset(host) for server, host in first.items()}
     return _clock_offsets[fab.id]
 
@@ -251,6 +256,30 @@ def switch_ports(fab: Fabric) -> dict[str, tuple[str, int]]:
     """Every switch port's interface name -> (switch, OpenFlow port number)."""
     return {intf.name: (switch.name, switch.ports[intf]) for switch in fab.net.switches
             for intf in switch.intfList() if intf.name != "lo"}
+
+
+def ports_by_server(fab: Fabric) -> dict[str, dict[str, tuple[str, int]]]:
+    """switch_ports by the server their switch runs on (this machine's first): each server's
+    sampler watches its own."""
+    server = {switch.name: cluster.server_of(switch) for switch in fab.net.switches}
+    by_server: dict[str, dict[str, tuple[str, int]]] = {LOCAL: {}}
+    for name, (switch, port) in switch_ports(fab).items():
+        by_server.setdefault(server[switch], {})[name] = (switch, port)
+    return by_server
+
+
+def fetch_samples(fab: Fabric, samplers: RemoteSamplers) -> list[str]:
+    """Each other server's samples copied here and put on this machine's clock; what failed."""
+    failed = list(samplers.errors)
+    for server in samplers.processes:
+        switch = next(switch for switch in fab.net.switches if cluster.server_of(switch) == server)
+        folder = samplers.folder(server)
+        copied = cluster.fetch(switch, str(folder))
+        if copied:
+            failed.append(copied)
+        elif folder.is_dir():
+            cluster.to_local_clock(folder, clock_offsets(fab)[server][0], SAMPLED_FILES)
+    return failed
 
 
 def port_rates(fab: Fabric) -> pd.DataFrame:
@@ -333,12 +362,16 @@ def run_once(fab: Fabric, out: Path, plans: list[RunPlan], rates: pd.DataFrame, 
     base = secrets.randbits(27)  # in every host-app frame: a stray datagram of another run or job is not ours
     error = ""
     placed: dict = {}
+    remote_samplers: RemoteSamplers | None = None
     jobs: list[dict] = []
     try:
         try:
             placed = measured_placement(fab, plans)
             schedule = Schedule(disturbances_of(fab, run.config, path))
-            with FabricSampler(path, switch_ports(fab), emulated_vswitchds(fab)) as sampler:
+            ports = ports_by_server(fab)
+            local_ports = ports.pop(LOCAL)
+            with FabricSampler(path, local_ports) as sampler, \
+                    RemoteSamplers(path, ports, sys.executable, str(REPO)) as remote_samplers:
                 progress.sampling(sampler)
                 registered = [register_job(fab, plan, watch.jobs) for plan in plans]
                 shared = shared_jobs(fab) if several and watch.jobs else {}
@@ -383,6 +416,9 @@ def run_once(fab: Fabric, out: Path, plans: list[RunPlan], rates: pd.DataFrame, 
     end_s = time.time()
     problems = fab.controller_problems()[known_problems:]
     fetched = [cluster.fetch(fab.host(process.host), str(process.stdout.parent)) for process in processes]
+    if remote_samplers is not None:  # not the run's failure: the guard says which server has no samples
+        for line in fetch_samples(fab, remote_samplers):
+            print(f"run {run.run_id}: {line}", file=sys.stderr)
     for process in processes:  # every record on this machine's clock
         server = cluster.server_of(fab.host(process.host))
         if server != LOCAL:

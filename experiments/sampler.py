@@ -5,21 +5,29 @@ drops, and, over the whole run, the transmit errors OVS logged and its datapath 
 
 Files in the run's directory (CSV columns below; counters are cumulative, as sampled):
     cpu.csv      time_s, cpu_util (machine, 0..1), vswitchd_thread_util (cores, busiest thread of
-                 this machine's ovs-vswitchd and of those of the servers emulated on it),
-                 mem_used_mb (machine)
+                 the server's ovs-vswitchd), mem_used_mb (machine)
     queues.csv   time_s, switch, port, cs, sent_bytes, sent_pkts, dropped_pkts, backlog_bytes
     drain.csv    time_s, switch, port, probe_s, backlog_bytes, sent_bytes: for each port that had a
                  backlog, what it sent in the next probe_s (a second tc dump DRAIN_PROBE_S later)
     sockets.csv  time_s, switch, port, socket_drops
     ovs.json     {"tx_errors_by_port": {port: n}, "tx_errors_suppressed": n, "datapath_drops": n}
 A switch port is named by its switch and OpenFlow port number, as in ports.csv.
+
+On a fabric across servers each server has its own sampler, since its switches, queues and
+ovs-vswitchd are its own: this machine's in the runner, every other one started over SSH as
+`python -m experiments.sampler DIR --ports JSON` (RemoteSamplers), sampling until its stdin ends
+(the runner closes it, or its SSH connection is gone), its files in DIR/servers/<server>/ copied
+back and put on this machine's clock. The guard judges each server (experiments/fidelity.py).
 """
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import re
+import shlex
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -88,10 +96,8 @@ class FabricSampler:
     """Samples every SAMPLE_S while it is entered; `ports` maps each switch port's interface name
     to (switch, OpenFlow port)."""
 
-    def __init__(self, run_dir: Path, ports: dict[str, tuple[str, int]], other_vswitchds: tuple[int, ...] = ()) -> None:
-        """other_vswitchds: the ovs-vswitchd of each emulated server (emulation/emulated_server.py): it
-        runs on this machine too, so its forwarding thread is judged with this machine's."""
-        self.run_dir, self.ports, self.other_vswitchds = run_dir, ports, other_vswitchds
+    def __init__(self, run_dir: Path, ports: dict[str, tuple[str, int]]) -> None:
+        self.run_dir, self.ports = run_dir, ports
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fabric-sampler", daemon=True)
         self._log = OvsLog()
@@ -149,7 +155,7 @@ class FabricSampler:
                                     (sockets, SOCKET_COLUMNS)):
                 writer.writerow(columns)
             files = (queue_file, drain_file, socket_file)
-            pids = [vswitchd_pid(), *self.other_vswitchds]
+            pids = [vswitchd_pid()]
             busy, total = machine_jiffies()
             threads, then = _threads(pids), time.monotonic()
             self._sample(queues, drains, sockets, files)
@@ -186,3 +192,77 @@ def _threads(pids: list[int | None]) -> dict[int, int]:
         except OSError:  # ovs-vswitchd went away: its CPU is no longer ours to judge
             pass
     return threads
+
+
+SERVERS_DIR = "servers"  # a run's folder of the other servers' samples, one folder per server
+SAMPLED_FILES = {"cpu.csv": ("time_s",), "queues.csv": ("time_s",), "drain.csv": ("time_s",),
+                 "sockets.csv": ("time_s",)}  # their timestamps, on the sampling server's clock
+REMOTE_STOP_S = 30.0  # a remote sampler's last sample and files, after its stdin ends
+
+
+def sampler_command(python: str, repo: str, out: Path, ports: dict[str, tuple[str, int]]) -> str:
+    """The command a server's shell runs for its sampler: in the repository, every word quoted."""
+    argv = [python, "-m", "experiments.sampler", str(out), "--ports", json.dumps(ports, sort_keys=True)]
+    return f"cd {shlex.quote(repo)} && exec {shlex.join(argv)}"
+
+
+class RemoteSamplers:
+    """A sampler on each other server of a fabric, over SSH, while entered: `ports` maps each server
+    to its switch ports; its files go to run_dir/servers/<server>/ there. `errors` says which failed."""
+
+    def __init__(self, run_dir: Path, ports: dict[str, dict[str, tuple[str, int]]], python: str, repo: str,
+                 popen=subprocess.Popen) -> None:
+        self.run_dir, self.ports, self.python, self.repo, self._popen = run_dir, ports, python, repo, popen
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.errors: list[str] = []
+
+    def folder(self, server: str) -> Path:
+        return self.run_dir / SERVERS_DIR / server
+
+    def __enter__(self) -> "RemoteSamplers":
+        for server, ports in self.ports.items():
+            command = sampler_command(self.python, self.repo, self.folder(server), ports)
+            self.processes[server] = self._popen(
+                ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", f"root@{server}", command],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for server, process in self.processes.items():
+            try:
+                process.stdin.close()  # its end of sampling: it takes a last sample and writes its files
+            except OSError:
+                pass
+            process.stdin = None  # closed: communicate() must not flush it
+        for server, process in self.processes.items():
+            try:
+                _, said = process.communicate(timeout=REMOTE_STOP_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                _, said = process.communicate()
+                self.errors.append(f"the sampler on {server} did not stop within {REMOTE_STOP_S:.0f} s")
+                continue
+            if process.returncode:
+                lines = (said or "").strip().splitlines()
+                self.errors.append(f"the sampler on {server} failed: {lines[-1] if lines else process.returncode}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m experiments.sampler",
+                                     description="Sample this server's switches, queues and ovs-vswitchd for the "
+                                                 "fidelity guard until stdin ends.")
+    parser.add_argument("out", type=Path, help="the folder its CSVs and ovs.json go to")
+    parser.add_argument("--ports", required=True,
+                        help='this server\'s switch ports, JSON: {"interface": ["switch", port], ...}')
+    args = parser.parse_args(argv)
+    try:
+        ports = {name: (switch, int(port)) for name, (switch, port) in json.loads(args.ports).items()}
+    except (ValueError, TypeError, AttributeError):
+        sys.exit("sampler: --ports: not a JSON object of interface: [switch, port]")
+    args.out.mkdir(parents=True, exist_ok=True)
+    with FabricSampler(args.out, ports):
+        sys.stdin.read()
+
+
+if __name__ == "__main__":
+    main()

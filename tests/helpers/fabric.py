@@ -148,3 +148,18 @@ def leftovers(exclude: set[int] = frozenset()) -> list[str]:
         state = read_state()
         found += [f"state file of processes {[record.pid for record in state.processes]}"] if state else []
     return found
+
+
+def left_on_the_server(state) -> list[str]:
+    """What runs in an emulated server (emulation/emulated_server.py) besides its sshd and Open
+    vSwitch (after a fabric: nothing)."""
+    from emulation import emulated_server
+    left = []
+    for pid in emulated_server.processes_of(state):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+        except OSError:
+            continue
+        if pid != state.sshd["pid"] and not cmdline.startswith(("ovsdb-server", "ovs-vswitchd")):  # and monitors
+            left.append(f"{pid} {cmdline}")
+    return left

@@ -15,7 +15,7 @@ from common.frames import DEFAULT_MTU
 from emulation import emulated_server
 from emulation.fabric import Fabric
 from helpers import REPO
-from helpers.fabric import experiments_cli, finish, leftovers
+from helpers.fabric import experiments_cli, finish, left_on_the_server, leftovers
 
 SMOKE = REPO / "experiments" / "smoke.yaml"
 NAME, SUBNET = "itest", "10.251.0.4/30"
@@ -38,19 +38,6 @@ def second_server():
     assert sh("ip", "link", "show", state.veth).returncode != 0
     assert not Path(state.directory).exists() and not Path(state.ssh_config).exists()
     assert emulated_server.processes_of(state) == []
-
-
-def left_on_the_server(state) -> list[str]:
-    """What runs in the emulated server besides its sshd and Open vSwitch (after a fabric: nothing)."""
-    left = []
-    for pid in emulated_server.processes_of(state):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-        except OSError:
-            continue
-        if pid != state.sshd["pid"] and not cmdline.startswith(("ovsdb-server", "ovs-vswitchd")):  # and monitors
-            left.append(f"{pid} {cmdline}")
-    return left
 
 
 def count_vxlan(state) -> None:
@@ -120,6 +107,17 @@ def test_the_smoke_spec_trains_across_two_servers_as_on_one(tmp_path, second_ser
     assert through["bytes"] > 100_000, through
     assert tunnelled["packets"] >= through["packets"] and tunnelled["bytes"] >= through["bytes"], (tunnelled, through)
     assert counted["input"]["packets"] > 0 and counted["output"]["packets"] > 0
+
+    # Each server sampled for the guard by its own sampler: the server's ovs-vswitchd forwarded, and
+    # runs.csv's verdict names each failing server (the smoke spec is CPU-bound).
+    for run_dir in [path for path in (two / "runs").iterdir() if path.is_dir()]:
+        samples = pd.read_csv(run_dir / "servers" / second_server.server_ip / "cpu.csv")
+        assert len(samples) >= 2 and samples["vswitchd_thread_util"].gt(0).any(), run_dir.name
+        queues = pd.read_csv(run_dir / "servers" / second_server.server_ip / "queues.csv")
+        assert set(queues["switch"]) == {"leaf2", "spine2"}, run_dir.name
+    reasons = pd.read_csv(two / "runs.csv", keep_default_na=False)["fidelity_reason"]
+    assert all(part.split(": ", 1)[0] in ("localhost", second_server.server_ip)
+               for reason in reasons for part in reason.split(" | ") if part), list(reasons)
 
     one = tmp_path / "one-machine"
     run_smoke(one)

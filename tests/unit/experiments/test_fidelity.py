@@ -146,3 +146,53 @@ def test_sampler_parses_tc_and_ovs_coverage():
                 "datapath_drop_invalid_port   0.0/sec  0.000/sec  0.0000/sec   total: 3\n"
                 "datapath_drop_userspace_action_error   0.8/sec  7.617/sec  0.1269/sec   total: 509\n")
     assert datapath_drops(coverage) == 15, "neither the controller's drop rules nor packets for it count"
+
+
+def samples(**inputs) -> dict:
+    """One server's sampler records, faithful but for `inputs` (as judge() takes them)."""
+    return {"cpu": inputs.get("cpu_samples", cpu()), "queues": inputs.get("queue_samples", queues()),
+            "drains": inputs.get("drain_samples", drains()), "sockets": inputs.get("socket_samples", sockets()),
+            "ovs": inputs.get("ovs", {})}
+
+
+def judge_servers(by_server: dict, lags=(1.0, 2.0)) -> dict:
+    return fidelity.judge_servers(by_server, RATES, list(lags), 0.0, float(SECONDS))
+
+
+def test_one_server_is_judged_as_before():
+    assert judge_servers({"localhost": samples(cpu_samples=cpu(thread=0.93))}) == judge(cpu_samples=cpu(thread=0.93))
+
+
+def test_every_server_is_judged_on_its_own_samples_one_part_per_failing_server():
+    verdict = judge_servers({"localhost": samples(), "10.0.0.2": samples(cpu_samples=cpu(machine=0.3, thread=0.93)),
+                             "10.0.0.3": samples()})
+    assert verdict["fidelity_ok"] is False
+    assert verdict["fidelity_reason"] == "10.0.0.2: ovs-vswitchd's forwarding thread at 0.93 cores (>= 0.9)"
+    assert verdict["vswitchd_thread_util_mean"] == pytest.approx(0.93)  # the worst server's figures
+    assert verdict["cpu_util_mean"] == pytest.approx(0.5)
+    verdict = judge_servers({"localhost": samples(socket_samples=sockets(drops=50)),
+                             "10.0.0.2": samples(drain_samples=drains(mbps=60, backlog=300_000))}, lags=(25.5,))
+    assert verdict["fidelity_reason"] == (
+        "localhost: 50 packets dropped outside the class queues (port sockets 50, OVS transmit 0, datapath 0; "
+        "10000 sent); host-app timers woke 25.5 ms late (p99 > 10 ms)"
+        " | 10.0.0.2: backlogged ports drained at 0.60 of their rate (< 0.9)")  # the host apps judged once
+    assert verdict["link_rate_frac"] == pytest.approx(0.6) and verdict["outside_queue_drops_pkts"] == 50
+    assert verdict["app_lag_ms_p99"] == 25.5 and list(verdict) == fidelity.FIDELITY_COLUMNS
+
+
+def test_a_server_without_samples_fails_the_guard():
+    verdict = judge_servers({"localhost": samples(), "10.0.0.2": None})
+    assert verdict["fidelity_ok"] is False and verdict["fidelity_reason"] == "10.0.0.2: no samples from its sampler"
+    early = cpu().assign(time_s=cpu()["time_s"] - 100)  # none in the training window
+    verdict = judge_servers({"localhost": samples(), "10.0.0.2": samples(cpu_samples=early)})
+    assert verdict["fidelity_ok"] is False
+    assert verdict["fidelity_reason"] == "10.0.0.2: no CPU samples in the training window"
+
+
+def test_this_machine_without_samples_in_the_window_leaves_the_verdict_unknown_unless_another_fails():
+    early = cpu().assign(time_s=cpu()["time_s"] - 100)
+    verdict = judge_servers({"localhost": samples(cpu_samples=early), "10.0.0.2": samples()})
+    assert verdict["fidelity_ok"] is pd.NA
+    assert verdict["fidelity_reason"] == "localhost: no CPU samples in the training window"
+    verdict = judge_servers({"localhost": samples(cpu_samples=early), "10.0.0.2": samples(cpu_samples=cpu(0.95))})
+    assert verdict["fidelity_ok"] is False

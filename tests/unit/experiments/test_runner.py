@@ -142,8 +142,8 @@ def test_a_run_of_several_jobs_registers_tags_and_starts_each_at_its_offset(monk
                  {"name": "b", "workers": ["h2", "h4"], "iterations": 3, "transport": "mlt", "start_s": 2,
                   "model": {"name": "resnet50"}}]})
     run = spec.runs[-1]
-    monkeypatch.setattr(runner, "FabricSampler", lambda path, ports, *daemons: contextlib.nullcontext())
-    monkeypatch.setattr(runner, "switch_ports", lambda fab: {})
+    monkeypatch.setattr(runner, "FabricSampler", lambda path, ports: contextlib.nullcontext())
+    monkeypatch.setattr(runner, "ports_by_server", lambda fab: {"localhost": {}})
     fab = RestFabric()
     with Progress(1, disable=True) as progress:
         progress.start_run(run.run_id, 3)
@@ -212,3 +212,15 @@ def test_each_jobs_rank0_worker_reports_its_iterations_to_the_live_view(tmp_path
             {"name": "b", "hosts": ["h2"], "done": 1, "times": []}]
     finally:
         live.server.server_close()
+
+
+def test_each_list_of_servers_is_checked_for_the_largest_mtu_its_runs_use():
+    from types import SimpleNamespace
+
+    from experiments.runner import cluster_mtus
+
+    def run(servers, mtu):
+        return SimpleNamespace(config=SimpleNamespace(cluster=SimpleNamespace(servers=servers)),
+                               topology=SimpleNamespace(mtu=mtu))
+    runs = [run([], 9000), run(["localhost", "b"], 1500), run(["localhost", "b"], 9000), run(["localhost", "c"], 1400)]
+    assert cluster_mtus(runs) == {("localhost", "b"): 9000, ("localhost", "c"): 1400}

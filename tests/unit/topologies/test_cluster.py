@@ -1,11 +1,11 @@
 """Placement of a fabric across servers (Mininet Cluster Edition's placers), and the checks made
-before any network exists. No fabric, no SSH."""
+before any network exists (the servers' own: tests/unit/emulation/test_preflight.py). No fabric, no SSH."""
 import subprocess
 from collections import Counter
 
 import pytest
 
-from emulation.cluster import check_servers, controller_address
+from emulation.cluster import controller_address
 from topologies.cluster import ClusterError, crossing_links, placement
 from topologies.layout import fat_tree, leaf_spine
 
@@ -66,40 +66,6 @@ def test_placement_that_cannot_fit_is_refused_naming_the_field():
         placement(leaf_spine(2, 2, 2), servers(2), "random")
 
 
-def fake_ssh(failing: set[str], said: str = "ssh: Could not resolve hostname"):
-    calls = []
-
-    def run(argv, **_):
-        calls.append(argv)
-        server = argv[-2].split("@", 1)[1]
-        return subprocess.CompletedProcess(argv, 255 if server in failing else 0, "",
-                                           f"{said} {server}\n" if server in failing else "")
-    return run, calls
-
-
-def test_servers_are_checked_over_ssh_and_the_first_unreachable_is_named():
-    run, calls = fake_ssh({"s3"})
-    with pytest.raises(ClusterError, match=r"^cluster\.servers: s3 cannot be reached as root over SSH .*"
-                                           r"Could not resolve hostname s3"):
-        check_servers(servers(4), run=run, find=lambda _: '/usr/bin/sudo')
-    assert [argv[-2] for argv in calls] == ["root@s2", "root@s3"]  # never localhost, stops at the first
-    assert all("BatchMode=yes" in argv for argv in calls)
-    run, calls = fake_ssh(set())
-    check_servers(servers(3), run=run, find=lambda _: '/usr/bin/sudo')
-    assert len(calls) == 2
-    with pytest.raises(ClusterError, match=r"^cluster\.servers: sudo is not installed here"):
-        check_servers(servers(3), run=run, find=lambda _: None)
-    with pytest.raises(ClusterError, match="the first server must be localhost"):
-        check_servers(["s2", "localhost"], run=run)
-
-
-def test_a_server_without_sudo_is_named():
-    def run(argv, **_):
-        return subprocess.CompletedProcess(argv, 1 if argv[-2] == "root@s3" else 0, "", "")
-    with pytest.raises(ClusterError, match=r"^cluster\.servers: s3 has no sudo"):
-        check_servers(servers(4), run=run, find=lambda _: '/usr/bin/sudo')
-
-
 def test_controller_listens_on_loopback_alone_and_on_the_route_towards_the_servers_otherwise():
     assert controller_address(["localhost"]) == "127.0.0.1"
 
@@ -111,7 +77,7 @@ def test_controller_listens_on_loopback_alone_and_on_the_route_towards_the_serve
 
 def test_a_fabric_on_an_unreachable_server_is_refused_before_anything_starts():
     from emulation.fabric import Fabric
-    with pytest.raises(ClusterError, match=r"^cluster\.servers: nohost\.invalid cannot be reached as root over SSH"):
+    with pytest.raises(ClusterError, match=r"^cluster\.servers\[1\]: nohost\.invalid: its name has no IPv4 address"):
         Fabric("leafspine", {"spines": 2, "leaves": 2, "hosts_per_leaf": 2}, servers=["localhost", "nohost.invalid"])
     with pytest.raises(ClusterError, match=r"^cluster\.placement: switchbin gives every server a switch"):
         Fabric("leafspine", {"spines": 1, "leaves": 1, "hosts_per_leaf": 2},
