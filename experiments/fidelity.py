@@ -14,7 +14,8 @@ end), from what the runner sampled (experiments/sampler.py) and the host apps re
   drops together <= OUTSIDE_DROPS_LIMIT of the packets the switch ports sent (such drops are
   class-blind: priority cannot protect against them);
 - host-app timing: the 99th percentile of how late the host apps' timed sleeps (emulated compute,
-  mlt's pacer) woke <= APP_LAG_P99_MS_LIMIT.
+  mlt's pacer) woke <= APP_LAG_P99_MS_LIMIT, or PACED_APP_LAG_P99_MS_LIMIT in a run where mlt paces
+  (app_lag_limit_ms).
 
 `fidelity_ok` holds only when every check passes; `fidelity_reason` names each one that failed.
 
@@ -33,12 +34,19 @@ import math
 import pandas as pd
 
 from experiments.columns import FIDELITY_COLUMNS  # noqa: F401 (runs.csv's, moved)
+from hostapps.mlt.pacing import PACING_BURST_S
 
 CPU_LIMIT = 0.9
 VSWITCHD_THREAD_LIMIT = 0.9
 LINK_RATE_MIN = 0.9
 OUTSIDE_DROPS_LIMIT = 1e-4
 APP_LAG_P99_MS_LIMIT = 10.0
+# mlt's pacer lets a sender that woke late run PACING_BURST_S ahead of its rate, no more: a wake-up
+# later than twice that is link time the sender does not make up, so a run where mlt paces measures
+# the machine well before emulated compute would. (On the default spec's all-reduce, mlt runs with
+# timers late by <= 2.8 ms at p99 took 0.211-0.225 s an iteration; with 4.3-10.7 ms, other work
+# on the machine, 0.231-0.300 s, green under the 10 ms limit: docs/results.md.)
+PACED_APP_LAG_P99_MS_LIMIT = 2 * PACING_BURST_S * 1000
 
 
 def window(samples: pd.DataFrame, start_s: float, end_s: float) -> pd.DataFrame:
@@ -75,12 +83,17 @@ def run_deltas(samples: pd.DataFrame, keys: list[str], columns: list[str]) -> pd
     return (ordered.last() - ordered.first()).reset_index()
 
 
+def app_lag_limit_ms(transports: set[str]) -> float:
+    """The host-app timer limit of a run whose jobs use these transports."""
+    return PACED_APP_LAG_P99_MS_LIMIT if "mlt" in transports else APP_LAG_P99_MS_LIMIT
+
+
 def judge(cpu: pd.DataFrame, queues: pd.DataFrame, drains: pd.DataFrame, sockets: pd.DataFrame,
           ovs: dict, port_rates: pd.DataFrame, timing_p99_ms: list[float], start_s: float,
-          end_s: float) -> dict[str, object]:
+          end_s: float, lag_limit_ms: float = APP_LAG_P99_MS_LIMIT) -> dict[str, object]:
     """The FIDELITY_COLUMNS of one run. cpu, queues, drains, sockets: the sampler's CSVs; ovs: its
-    ovs.json; port_rates: port_rates.csv; timing_p99_ms: each host-app process's lag_ms_p99;
-    start_s, end_s: the training window."""
+    ovs.json; port_rates: port_rates.csv; timing_p99_ms: each host-app process's lag_ms_p99, judged
+    against lag_limit_ms (app_lag_limit_ms); start_s, end_s: the training window."""
     cpu = covering(cpu, start_s, end_s)
     cpu_mean = float(cpu["cpu_util"].mean())
     thread_mean = float(cpu["vswitchd_thread_util"].mean())
@@ -103,8 +116,8 @@ def judge(cpu: pd.DataFrame, queues: pd.DataFrame, drains: pd.DataFrame, sockets
         reasons.append(f"{outside} packets dropped outside the class queues (port sockets {socket_drops}, "
                        f"OVS transmit {transmit_errors}, datapath {ovs.get('datapath_drops', 0)}; "
                        f"{sent} sent)")
-    if lag > APP_LAG_P99_MS_LIMIT:
-        reasons.append(f"host-app timers woke {lag:.1f} ms late (p99 > {APP_LAG_P99_MS_LIMIT:g} ms)")
+    if lag > lag_limit_ms:
+        reasons.append(f"host-app timers woke {lag:.1f} ms late (p99 > {lag_limit_ms:g} ms)")
     known = not (math.isnan(cpu_mean) or math.isnan(thread_mean))
     return {
         "cpu_util_mean": cpu_mean, "vswitchd_thread_util_mean": thread_mean, "link_rate_frac": link_frac,
@@ -118,7 +131,7 @@ SERVER_SEPARATOR = " | "
 
 
 def judge_servers(samples: dict[str, dict | None], port_rates: pd.DataFrame, timing_p99_ms: list[float],
-                  start_s: float, end_s: float) -> dict[str, object]:
+                  start_s: float, end_s: float, lag_limit_ms: float = APP_LAG_P99_MS_LIMIT) -> dict[str, object]:
     """The FIDELITY_COLUMNS of one run on one or several servers. samples: per server in
     cluster.servers' order (this machine first), its sampler's records (`cpu`, `queues`, `drains`,
     `sockets`: DataFrames; `ovs`: dict), or None when there are none. This machine's verdict alone
@@ -130,7 +143,8 @@ def judge_servers(samples: dict[str, dict | None], port_rates: pd.DataFrame, tim
             failed = True
             continue
         verdict = judge(records["cpu"], records["queues"], records["drains"], records["sockets"], records["ovs"],
-                        port_rates, timing_p99_ms if index == 0 else [], start_s, end_s)  # host apps judged once
+                        port_rates, timing_p99_ms if index == 0 else [], start_s, end_s,  # host apps judged once
+                        lag_limit_ms)
         verdicts[server] = verdict
         if verdict["fidelity_ok"] is not True:
             parts.append(f"{server}: {verdict['fidelity_reason']}")
