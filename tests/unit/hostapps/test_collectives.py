@@ -287,9 +287,11 @@ def test_each_collective_connects_the_peers_its_schedule_names():
     # NCCL's trees of 5: 0 -> 4 -> {2 -> {1, 3}}; shifted by one: 1 -> 0 -> {3 -> {2, 4}}
     assert ranks_connected(0, collective="tree") == ([1, 3, 4], [])
     assert ranks_connected(2, collective="tree") == ([3, 4], [1])
-    # leaves {0, 1, 2} and {3, 4}: chains 0-1-2 and 3-4; the leaders 0 and 3 in a ring
-    assert ranks_connected(0, collective="hierarchical", leaves=[7, 7, 7, 9, 9]) == ([1, 3], [])
-    assert ranks_connected(2, collective="hierarchical", leaves=[7, 7, 7, 9, 9]) == ([], [1])
+    # leaves {0, 1, 2} and {3, 4}: rings 0-1-2 and 3-4 within them; 6 columns, a chunk of 2 on the first leaf and
+    # of 3 on the second; member i of a ring holds chunk i + 1, so the pieces' holders across are (2, 4), (0, 4),
+    # (0, 3) and (1, 3)
+    assert ranks_connected(0, collective="hierarchical", leaves=[7, 7, 7, 9, 9]) == ([1, 2, 3, 4], [])
+    assert ranks_connected(2, collective="hierarchical", leaves=[7, 7, 7, 9, 9]) == ([4], [0, 1])
     # bytescheduler agrees around the ring: its neighbours too
     assert ranks_connected(0, collective="halving_doubling", send_order="bytescheduler") == ([1, 4], [])
 
