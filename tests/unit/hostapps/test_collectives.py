@@ -200,6 +200,23 @@ def test_pipeline_segments_fill_whole_datagrams_in_every_ring_chunk():
     assert ring.segments(267786, 49152, 2227) == [(0, 267786)], "the ring is cut only under caramel"
 
 
+def test_the_hierarchical_all_reduce_sends_the_rings_bytes_and_crosses_only_between_the_holders_of_a_chunk():
+    # 2 leaves of 3: a reduce-scatter of thirds within each leaf, each third all-reduced with the rank holding it on
+    # the other leaf (sixths), an all-gather of thirds: 6 rounds, the ring's 2(n-1)/n of the segment from every rank
+    hierarchical = make_allreduce("hierarchical", 6, [4, 4, 4, 8, 8, 8])
+    for rank in range(6):
+        rounds = hierarchical.rounds(rank, 600)
+        sends = [t for r in rounds for t in r.sends]
+        assert len(rounds) == 6 and sum(t.hi - t.lo for t in sends) == 1000
+        assert [t.hi - t.lo for r in rounds for t in r.sends] == [200, 200, 100, 100, 200, 200]
+        across = {t.peer for t in sends} - {r for r in range(6) if r // 3 == rank // 3}
+        assert across == {(rank + 3) % 6}, "member i of one leaf's ring holds the chunk member i of the other's does"
+    # 1 rank on its leaf beside 2 on another: it holds the whole segment and is in the ring of each half
+    alone = make_allreduce("hierarchical", 3, [1, 2, 2])
+    assert alone.peers(0) == {1, 2} and alone.peers(1) == {0, 2}
+    assert sum(t.hi - t.lo for r in alone.rounds(0, 600) for t in r.sends) == 600  # 150 of each half, twice
+
+
 @given(size=st.integers(0, 10**6), segment=st.integers(1, 10**5), world=st.integers(1, 8), grid=st.integers(1, 4000),
        name=st.sampled_from(allreduce_names()))
 @example(size=37449, segment=1, world=8, grid=1, name="ring")  # more segments than the step field holds
