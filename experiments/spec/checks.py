@@ -122,7 +122,7 @@ def check_one_job(config: RunConfig, runs: bool = True) -> None:
             len(set(worker_leaves(config))) == workers > 1:
         others = [name for name in allreduce_names() if name != "hierarchical"]
         raise not_allowed("job.collective", job.collective, f"{', '.join(others[:-1])} or {others[-1]} here: each "
-                          f"of the {workers} workers is alone on its leaf, so the leaders' ring is the flat ring "
+                          f"of the {workers} workers is alone on its leaf, so its cross-leaf ring is the flat ring "
                           "and it would change nothing")
     if job.spray != "adaptive" and config.controller.lb != "spray":
         raise not_allowed("job.spray", job.spray, "adaptive unless controller.lb spray: on a per-flow fabric mlt "

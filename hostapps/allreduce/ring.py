@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from functools import cache
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -17,11 +17,12 @@ def ring_neighbours(rank: int, world: int) -> tuple[Peer, Peer]:
 
 
 def ring_rounds(index: int, count: int, size: int, rank_of: Callable[[int], int] = int,
-                first_step: int = 0) -> list[Round]:
+                first_step: int = 0, bounds: Sequence[tuple[int, int]] = ()) -> list[Round]:
     """The rounds of member `index` of a ring of `count` members (member i is rank rank_of(i)), its
     messages' steps from first_step: count - 1 rounds of reduce-scatter, then count - 1 of all-gather.
-    Each round sends one of `count` chunks to the right neighbour and receives one from the left."""
-    bounds = chunk_bounds(size, count)
+    Each round sends one of `count` chunks (`bounds`, by default near-equal ones of range(size)) to the
+    right neighbour and receives one from the left; member i finishes chunk i + 1."""
+    bounds = bounds or chunk_bounds(size, count)
     left, right = rank_of((index - 1) % count), rank_of((index + 1) % count)
     rounds = Rounds(2 * (count - 1))
     for step in range(count - 1):

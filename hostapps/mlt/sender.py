@@ -231,8 +231,8 @@ class Sender:
         by side: allreduce.PeerSenders), after the iteration a peer slowed below the link (its receiver
         shares its link) before one at the link's rate, then the lowest step: the slowed one leaves room for
         the next beside it, where at the link's rate first the slowed one would run alone afterwards, half
-        the link idle (a hierarchical chain's middle rank: the broadcast to its top rank, alone on its link,
-        then the partial sum to its leader, who shares its link with the leaders' ring); then a pipeline's
+        the link idle (a rank with a message to a peer that another rank sends to as well, and one to a peer
+        it alone sends to); then a pipeline's
         oldest segment, the one every rank waits for, where by the peer served most a tree's rank held one
         child's message 100 ms behind the others'.
 

@@ -46,7 +46,7 @@ MALFORMED = [
      "pulls from its servers, so it would change nothing)"),
     ("topology: {leaves: 4, hosts_per_leaf: 1}\njob: {collective: hierarchical}",
      "job.collective: 'hierarchical' is not allowed (ring, halving_doubling or tree here: each of the 4 workers is "
-     "alone on its leaf, so the leaders' ring is the flat ring and it would change nothing)"),
+     "alone on its leaf, so its cross-leaf ring is the flat ring and it would change nothing)"),
     ("job: {collective: ring, partition_bytes: 4096}",
      "job.partition_bytes: 4096 is not allowed (65536 here: only caramel's and bytescheduler's all-reduce units "
      "and the halving_doubling, hierarchical and tree all-reduces' pipeline segments use it, not send order ready "

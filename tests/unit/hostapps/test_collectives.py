@@ -200,6 +200,23 @@ def test_pipeline_segments_fill_whole_datagrams_in_every_ring_chunk():
     assert ring.segments(267786, 49152, 2227) == [(0, 267786)], "the ring is cut only under caramel"
 
 
+def test_the_hierarchical_all_reduce_sends_the_rings_bytes_and_crosses_only_between_the_holders_of_a_chunk():
+    # 2 leaves of 3: a reduce-scatter of thirds within each leaf, each third all-reduced with the rank holding it on
+    # the other leaf (sixths), an all-gather of thirds: 6 rounds, the ring's 2(n-1)/n of the segment from every rank
+    hierarchical = make_allreduce("hierarchical", 6, [4, 4, 4, 8, 8, 8])
+    for rank in range(6):
+        rounds = hierarchical.rounds(rank, 600)
+        sends = [t for r in rounds for t in r.sends]
+        assert len(rounds) == 6 and sum(t.hi - t.lo for t in sends) == 1000
+        assert [t.hi - t.lo for r in rounds for t in r.sends] == [200, 200, 100, 100, 200, 200]
+        across = {t.peer for t in sends} - {r for r in range(6) if r // 3 == rank // 3}
+        assert across == {(rank + 3) % 6}, "member i of one leaf's ring holds the chunk member i of the other's does"
+    # 1 rank on its leaf beside 2 on another: it holds the whole segment and is in the ring of each half
+    alone = make_allreduce("hierarchical", 3, [1, 2, 2])
+    assert alone.peers(0) == {1, 2} and alone.peers(1) == {0, 2}
+    assert sum(t.hi - t.lo for r in alone.rounds(0, 600) for t in r.sends) == 600  # 150 of each half, twice
+
+
 @given(size=st.integers(0, 10**6), segment=st.integers(1, 10**5), world=st.integers(1, 8), grid=st.integers(1, 4000),
        name=st.sampled_from(allreduce_names()))
 @example(size=37449, segment=1, world=8, grid=1, name="ring")  # more segments than the step field holds
@@ -287,9 +304,11 @@ def test_each_collective_connects_the_peers_its_schedule_names():
     # NCCL's trees of 5: 0 -> 4 -> {2 -> {1, 3}}; shifted by one: 1 -> 0 -> {3 -> {2, 4}}
     assert ranks_connected(0, collective="tree") == ([1, 3, 4], [])
     assert ranks_connected(2, collective="tree") == ([3, 4], [1])
-    # leaves {0, 1, 2} and {3, 4}: chains 0-1-2 and 3-4; the leaders 0 and 3 in a ring
-    assert ranks_connected(0, collective="hierarchical", leaves=[7, 7, 7, 9, 9]) == ([1, 3], [])
-    assert ranks_connected(2, collective="hierarchical", leaves=[7, 7, 7, 9, 9]) == ([], [1])
+    # leaves {0, 1, 2} and {3, 4}: rings 0-1-2 and 3-4 within them; 6 columns, a chunk of 2 on the first leaf and
+    # of 3 on the second; member i of a ring holds chunk i + 1, so the pieces' holders across are (2, 4), (0, 4),
+    # (0, 3) and (1, 3)
+    assert ranks_connected(0, collective="hierarchical", leaves=[7, 7, 7, 9, 9]) == ([1, 2, 3, 4], [])
+    assert ranks_connected(2, collective="hierarchical", leaves=[7, 7, 7, 9, 9]) == ([4], [0, 1])
     # bytescheduler agrees around the ring: its neighbours too
     assert ranks_connected(0, collective="halving_doubling", send_order="bytescheduler") == ([1, 4], [])
 
