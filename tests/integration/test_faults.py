@@ -95,7 +95,7 @@ def test_worker_killed_mid_run_fails_that_run_and_the_next_one_runs(tmp_path):
 def test_a_link_down_and_back_mid_run_is_survived(tmp_path):
     out = tmp_path / "out"
     status, _, stderr = finish(experiments_cli(
-        str(FAULTS), "--out", str(out), "--set", "repetitions=1",
+        str(FAULTS), "--out", str(out), "--set", "repetitions=1", "--set", "job.iterations=20",
         "--set", "faults=[{kind: link_down, link: leaf1-spine1, at_s: 4, duration_s: 3}]", cwd=tmp_path),
         timeout=240)
     assert status == 0, stderr[-2000:]
@@ -104,13 +104,13 @@ def test_a_link_down_and_back_mid_run_is_survived(tmp_path):
 
 
 def test_interrupted_anywhere_leaves_nothing_and_resume_completes_every_run_once(tmp_path):
-    """SIGINT at 10 random moments of a short spec, one in each tenth of 0.2-12 s after the start, so
-    fabric start-up, runs and aggregation are all hit (20 moments drawn anywhere took two minutes)."""
+    """SIGINT at 6 random moments of a short spec, one in each sixth of 0.2-12 s after the start, so
+    fabric start-up, runs and aggregation are all hit (a moment and its resume cost about 7 s)."""
     out = tmp_path / "out"
     spec_args = ["--set", "repetitions=3", "--set", "job.iterations=5", "--set", "topology.host_bw=100",
                  "--set", "topology.fabric_bw=100"]
     rng = random.Random(7)
-    moments = [0.2 + 11.8 * (tenth + rng.random()) / 10 for tenth in range(10)]
+    moments = [0.2 + 11.8 * (sixth + rng.random()) / 6 for sixth in range(6)]
     rng.shuffle(moments)
     for attempt, moment in enumerate(moments):
         runner = experiments_cli(str(FAULTS), "--out", str(out), "--resume", *spec_args, cwd=tmp_path)
