@@ -42,16 +42,21 @@ class FixedPlacer(Placer):
         return self.where[node]
 
 
+def local_address_towards(address: str, run: Callable = subprocess.run) -> str | None:
+    """This machine's address on its route to `address` (what the server reaches it by)."""
+    route = run(["ip", "route", "get", address], capture_output=True, text=True).stdout.split()
+    return route[route.index("src") + 1] if "src" in route else None
+
+
 def controller_address(servers: list[str], run: Callable = subprocess.run) -> str:
     """Where the controller listens for switches: 127.0.0.1 on one machine, else this machine's
     address towards the second server (what MininetCluster gives its switches)."""
     if all(server == LOCAL for server in servers):
         return LOOPBACK
-    remote_ip = RemoteMixin.findServerIP(servers[1])
-    route = run(["ip", "route", "get", remote_ip or servers[1]], capture_output=True, text=True).stdout.split()
-    if "src" not in route:
+    address = local_address_towards(RemoteMixin.findServerIP(servers[1]) or servers[1], run)
+    if address is None:
         raise ClusterError(f"cluster.servers: no route from this machine to {servers[1]}")
-    return route[route.index("src") + 1]
+    return address
 
 
 VXLAN_PORT = 4789

@@ -30,7 +30,7 @@ from typing import Callable
 from common.frames import DEFAULT_MTU
 from common.owner import OWNER_KEY
 from common.paths import REPO
-from emulation.cluster import VXLAN_OVERHEAD
+from emulation.cluster import VXLAN_OVERHEAD, local_address_towards
 from topologies.cluster import LOCAL, ClusterError
 
 SSH_FAILED = 255  # what ssh exits with when it fails itself; otherwise the remote command's status
@@ -186,12 +186,6 @@ def server_address(server: str) -> str | None:
     """The server's IPv4 address, as Mininet's cluster classes find it (None: its name has none)."""
     from mininet.examples.cluster import RemoteMixin
     return RemoteMixin.findServerIP(server)
-
-
-def local_address_towards(address: str, run: Callable = subprocess.run) -> str | None:
-    """This machine's address on its route to `address` (what the server reaches it by)."""
-    route = run(["ip", "route", "get", address], capture_output=True, text=True).stdout.split()
-    return route[route.index("src") + 1] if "src" in route else None
 
 
 def _joined(done: subprocess.CompletedProcess) -> tuple[int, str]:

@@ -43,9 +43,7 @@ OUTSIDE_DROPS_LIMIT = 1e-4
 APP_LAG_P99_MS_LIMIT = 10.0
 # mlt's pacer lets a sender that woke late run PACING_BURST_S ahead of its rate, no more: a wake-up
 # later than twice that is link time the sender does not make up, so a run where mlt paces measures
-# the machine well before emulated compute would. (On the default spec's all-reduce, mlt runs with
-# timers late by <= 2.8 ms at p99 took 0.211-0.225 s an iteration; with 4.3-10.7 ms, other work
-# on the machine, 0.231-0.300 s, green under the 10 ms limit: docs/results.md.)
+# the machine well before emulated compute would (the measurements behind it: docs/results.md).
 PACED_APP_LAG_P99_MS_LIMIT = 2 * PACING_BURST_S * 1000
 
 

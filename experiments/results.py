@@ -587,10 +587,10 @@ def _run_row(out: Path, run: Run, record: dict[str, Any], records: dict[str, pd.
         row["replica_divergence"] = metrics.replica_divergence(records["models"])
     start_s, end_s = metrics.training_window_s(iterations)
     here = {key: records[key] for key in ("cpu", "queues", "drains", "sockets", "ovs")}
+    transports = {job.transport for job in config.jobs or [config.job]}
     row.update(fidelity.judge_servers({LOCAL: here, **records.get("servers", {})}, records["port_rates"],
                                       list(records["summaries"]["lag_ms_p99"].dropna()), start_s, end_s,
-                                      fidelity.app_lag_limit_ms({view.job.transport for view in
-                                                                 (config.job_configs if config.jobs else [config])})))
+                                      fidelity.app_lag_limit_ms(transports)))
     return row
 
 
