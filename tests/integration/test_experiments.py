@@ -1,14 +1,12 @@
 """The experiment runner end to end: `python -m experiments run` on the emulated fabric (root)."""
 import json
-import signal
-import time
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from experiments import results
-from experiments.results import completed_run_ids, read_run_record
+from experiments.results import completed_run_ids
 from experiments.spec import load_spec
 from helpers import FIXTURES, REPO
 from helpers.fabric import experiments_cli, finish, leftovers
@@ -16,12 +14,6 @@ from helpers.fabric import experiments_cli, finish, leftovers
 SMOKE = REPO / "experiments" / "smoke.yaml"
 OVERLOAD = FIXTURES / "experiments" / "overload.yaml"
 PROCESS_FILES = ["stdout.log", "stderr.log", "trace.json", *results.PROCESS_FILES]
-# Two repetitions of the smoke spec with a background flow, random loss on a fabric link and a
-# rate cut on a host link, all active early in each run: an interrupt finds them switched on.
-DISTURBED = ["--set", "repetitions=2", "--set", "job.iterations=60",
-             "--set", "background=[{src: h1, dst: h4, rate_mbps: 20, start_s: 0.5, duration_s: 3}]",
-             "--set", "faults=[{kind: loss, link: leaf1-spine1, at_s: 0.5, duration_s: 3, loss_percent: 1},"
-                      " {kind: rate, link: h2-leaf1, at_s: 0.5, duration_s: 3, rate_mbps: 50}]"]
 
 
 def test_an_unreachable_cluster_server_stops_the_run_before_any_network_exists(tmp_path):
@@ -74,37 +66,6 @@ def test_smoke_spec_writes_every_result_and_both_modes_train_alike(tmp_path, clu
     assert (fabric["servers"], fabric["crossing_links"]) == ({"localhost": ["h1", "h2", "h3", "h4", "leaf1", "leaf2",
                                                                             "spine1", "spine2"]}, 0)
     assert leftovers() == []
-
-
-def test_interrupted_experiment_leaves_nothing_and_resumes(tmp_path):
-    out = tmp_path / "disturbed"
-    first_run = "mode=allreduce,rep=1"
-    process = experiments_cli(str(SMOKE), "--out", str(out), *DISTURBED, cwd=tmp_path)
-    deadline = time.monotonic() + 180
-    while read_run_record(out, first_run) is None:
-        assert process.poll() is None, process.communicate()[1][-2000:]
-        assert time.monotonic() < deadline, "the first run did not finish in time"
-        time.sleep(0.2)
-    time.sleep(1.0)  # into the second run, its flow and faults about to start
-    process.send_signal(signal.SIGINT)
-    status, _, stderr = finish(process, timeout=60)
-    assert status != 0 and "--resume" in stderr
-    assert leftovers() == []
-    finished = completed_run_ids(out, load_spec(SMOKE, DISTURBED[1::2]))
-    assert first_run in finished and len(finished) < 4
-    first_record = read_run_record(out, first_run)
-
-    status, stdout, stderr = finish(experiments_cli(str(SMOKE), "--out", str(out), "--resume", *DISTURBED,
-                                                   cwd=tmp_path), timeout=240)
-    assert status == 0, stderr[-2000:]
-    disturbed = load_spec(SMOKE, DISTURBED[1::2])
-    assert completed_run_ids(out, disturbed) == {run.run_id for run in disturbed.runs}
-    assert read_run_record(out, first_run) == first_record  # kept, not run again
-    assert len(pd.read_csv(out / "runs.csv")) == 4
-    iperf_log = (out / "runs" / first_run / "flow0-h1-h4.log").read_text()
-    assert "Connecting to host 10.0.0.4" in iperf_log or "connected" in iperf_log, iperf_log
-    assert leftovers() == []
-    assert json.loads((out / "meta.json").read_text())["spec"] == "smoke"
 
 
 def test_fidelity_guard_flags_a_fabric_the_machine_cannot_emulate(tmp_path):

@@ -26,7 +26,7 @@ from emulation.fabric import Fabric
 
 
 FAULTS = FIXTURES / "experiments" / "faults.yaml"
-FIRST, SECOND = "rep=1", "rep=2"
+FIRST, SECOND, THIRD = "rep=1", "rep=2", "rep=3"
 
 
 def processes_with(*words: str) -> list[int]:
@@ -54,41 +54,34 @@ def wait_for_iteration(out: Path, run_id: str, iteration: int, runner: subproces
         time.sleep(0.1)
 
 
-def test_controller_killed_mid_run_is_restarted_and_the_run_says_so(tmp_path):
+def test_a_killed_controller_is_restarted_and_a_killed_worker_fails_only_its_run(tmp_path):
+    """Three runs: the controller killed in the first (restarted, the run survives and says so), a
+    worker killed in the second (that run fails within the peers' timeout), the third runs as usual."""
     out = tmp_path / "out"
-    runner = experiments_cli(str(FAULTS), "--out", str(out), cwd=tmp_path)
+    runner = experiments_cli(str(FAULTS), "--out", str(out), "--set", "repetitions=3", cwd=tmp_path)
     wait_for_iteration(out, FIRST, 5, runner)
     (controller,) = processes_with("-m controller", str(out))
     os.kill(controller, signal.SIGKILL)
-    status, _, stderr = finish(runner, timeout=240)
-    assert status == 0, stderr[-2000:]
-    record = read_run_record(out, FIRST)
-    print(record["faults"])
-    assert record["status"] == "ok"
-    (fault,) = record["faults"]
-    assert "controller exited with status -9; restarted, tables restored in" in fault
-    runs = pd.read_csv(out / "runs.csv").set_index("run_id")
-    assert runs.loc[FIRST, "faults"] == fault and pd.isna(runs.loc[SECOND, "faults"])
-    assert runs.loc[SECOND, "iter_time_mean_s"] > 0
-    assert "survived faults" in (out / "summary.md").read_text()
-    assert leftovers() == []
-
-
-def test_worker_killed_mid_run_fails_that_run_and_the_next_one_runs(tmp_path):
-    out = tmp_path / "out"
-    runner = experiments_cli(str(FAULTS), "--out", str(out), cwd=tmp_path)
-    wait_for_iteration(out, FIRST, 5, runner)
-    (worker,) = processes_with("hostapps worker", "--rank 1 ", str(out / "runs" / FIRST))
+    wait_for_iteration(out, SECOND, 5, runner)
+    (worker,) = processes_with("hostapps worker", "--rank 1 ", str(out / "runs" / SECOND))
     killed_at = time.monotonic()
     os.kill(worker, signal.SIGKILL)
-    while read_run_record(out, FIRST) is None:
+    while read_run_record(out, SECOND) is None:
         assert time.monotonic() - killed_at < 35, "the run did not fail within the peers' timeout"
         time.sleep(0.2)
     status, _, stderr = finish(runner, timeout=240)
     assert status == 1, "one run failed"
-    record = read_run_record(out, FIRST)
-    assert record["status"] == "failed" and record["error"] == "h2-worker1 was killed by SIGKILL"
-    assert read_run_record(out, SECOND)["status"] == "ok"
+    first, second = read_run_record(out, FIRST), read_run_record(out, SECOND)
+    print(first["faults"])
+    assert first["status"] == "ok"
+    (fault,) = first["faults"]
+    assert "controller exited with status -9; restarted, tables restored in" in fault
+    assert second["status"] == "failed" and second["error"] == "h2-worker1 was killed by SIGKILL"
+    assert read_run_record(out, THIRD)["status"] == "ok"
+    runs = pd.read_csv(out / "runs.csv").set_index("run_id")
+    assert runs.loc[FIRST, "faults"] == fault and pd.isna(runs.loc[THIRD, "faults"])
+    assert runs.loc[THIRD, "iter_time_mean_s"] > 0
+    assert "survived faults" in (out / "summary.md").read_text()
     assert leftovers() == []
 
 
@@ -105,13 +98,20 @@ def test_a_link_down_and_back_mid_run_is_survived(tmp_path):
 
 def test_interrupted_anywhere_leaves_nothing_and_resume_completes_every_run_once(tmp_path):
     """SIGINT at 6 random moments of a short spec, one in each sixth of 0.2-12 s after the start, so
-    fabric start-up, runs and aggregation are all hit (a moment and its resume cost about 7 s)."""
+    fabric start-up, runs and aggregation are all hit (a moment and its resume cost about 7 s); each run
+    has a background flow, random loss on a fabric link and a rate cut on a host link, all active early
+    in it, so an interrupt finds them switched on. A finished run is kept as it was, not run again."""
     out = tmp_path / "out"
     spec_args = ["--set", "repetitions=3", "--set", "job.iterations=5", "--set", "topology.host_bw=100",
-                 "--set", "topology.fabric_bw=100"]
+                 "--set", "topology.fabric_bw=100",
+                 "--set", "background=[{src: h1, dst: h4, rate_mbps: 20, start_s: 0.5, duration_s: 3}]",
+                 "--set", "faults=[{kind: loss, link: leaf1-spine1, at_s: 0.5, duration_s: 3, loss_percent: 1},"
+                          " {kind: rate, link: h2-leaf1, at_s: 0.5, duration_s: 3, rate_mbps: 50}]"]
+    spec = load_spec(FAULTS, spec_args[1::2])
     rng = random.Random(7)
     moments = [0.2 + 11.8 * (sixth + rng.random()) / 6 for sixth in range(6)]
     rng.shuffle(moments)
+    kept = {}
     for attempt, moment in enumerate(moments):
         runner = experiments_cli(str(FAULTS), "--out", str(out), "--resume", *spec_args, cwd=tmp_path)
         time.sleep(moment)
@@ -119,14 +119,18 @@ def test_interrupted_anywhere_leaves_nothing_and_resume_completes_every_run_once
         status, _, stderr = finish(runner, timeout=120)
         # 1: interrupted (the finished runs kept); -2: interrupted while Python was still importing
         assert status in (0, 1, -signal.SIGINT), stderr[-2000:]
+        assert status != 1 or "--resume" in stderr, stderr[-2000:]
         assert leftovers() == [], f"attempt {attempt}"
+        kept.update({run_id: read_run_record(out, run_id) for run_id in completed_run_ids(out, spec)})
     status, _, stderr = finish(experiments_cli(str(FAULTS), "--out", str(out), "--resume", *spec_args,
                                                cwd=tmp_path), timeout=300)
     assert status == 0, stderr[-2000:]
-    spec = load_spec(FAULTS, spec_args[1::2])
     assert completed_run_ids(out, spec) == {run.run_id for run in spec.runs}
+    assert {run_id: read_run_record(out, run_id) for run_id in kept} == kept, "a finished run ran again"
     runs = pd.read_csv(out / "runs.csv")
     assert sorted(runs["run_id"]) == sorted(run.run_id for run in spec.runs), "each run once"
+    flow_log = (out / "runs" / FIRST / "flow0-h1-h4.log").read_text()
+    assert "Connecting to host 10.0.0.4" in flow_log or "connected" in flow_log, flow_log
     assert not list(out.rglob(".*.tmp*")), "no half-written file survived as a result"
     assert leftovers() == []
 
