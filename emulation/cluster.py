@@ -133,15 +133,24 @@ def remote(cls: type) -> type:
     """The class of a node of ours that may live on another server."""
     if issubclass(cls, OVSUserSwitch):
         def batch_startup(switch_cls, switches, run=errRun):
-            """Each server's switches through a shell on that server (its ovs-vsctl)."""
+            """Each server's switches by that server's ovs-vsctl: here as Mininet runs it, on another
+            server through SSH as one command. Not through a node's shell: a shell reads from a
+            terminal, which cuts a line at 4095 bytes, and the batch of a few switches is longer (a
+            cut left bridges without their datapath type, and the controller saw none of them)."""
             for server in sorted({switch.server for switch in switches}):
                 group = [switch for switch in switches if switch.server == server]
-                OVSUserSwitch.batchStartup.__func__(switch_cls, group, run=group[0].cmd)
+                OVSUserSwitch.batchStartup.__func__(switch_cls, group, run=run if server == LOCAL else
+                                                    functools.partial(run_over_ssh, group[0]))
             return switches
         return type(f"Remote{cls.__name__}", (RemoteMixin, cls),
                     {"batchStartup": classmethod(batch_startup), "terminate": terminate,
                      "batchShutdown": classmethod(RemoteOVSSwitch.batchShutdown.__func__)})
     return type(f"Remote{cls.__name__}", (RemoteMixin, cls), {"terminate": terminate})
+
+
+def run_over_ssh(node, command: str, **_) -> str:
+    """`command` (a shell command line of any length) on the server of `node`, through SSH."""
+    return node.rcmd(["sh", "-c", shlex.quote(command)])
 
 
 def cluster_network(topo, servers: list[str], method: str, **params) -> MininetCluster:

@@ -1,5 +1,6 @@
 """A host app started on another server: its argv and folder as the server's root shell sees them."""
 import json
+import shlex
 import os
 import subprocess
 import sys
@@ -90,3 +91,42 @@ def test_a_remote_processs_records_are_restamped_on_this_machines_clock(tmp_path
     to_local_clock(tmp_path, 2.5)
     assert (tmp_path / "iterations.csv").read_text().splitlines()[1] == "1,0,100.000000,100.500000,0.4"
     assert (tmp_path / "tensors.csv").read_text().splitlines()[1] == "fc1,100.250000,100.375000"
+
+
+class Switch:
+    """A switch as Mininet's batch start-up reads it: its queued ovs-vsctl commands and its server."""
+
+    def __init__(self, name: str, server: str) -> None:
+        self.name, self.server, self.intfs, self.started_once = name, server, {}, False
+        self.commands = [f"-- add-br {name} " + " ".join(f"-- add-port {name} {name}-eth{i} -- set Interface "
+                                                         f"{name}-eth{i} mtu_request=9000" for i in range(40))]
+        self.rcmds: list[list[str]] = []
+
+    def isOldOVS(self):
+        return False
+
+    def cmd(self, command):
+        raise AssertionError("a node's shell reads from a terminal, which cuts lines at 4095 bytes")
+
+    def rcmd(self, argv):
+        self.rcmds.append(argv)
+        return ""
+
+    def started(self):
+        self.started_once = True
+
+
+def test_each_servers_switches_start_in_one_uncut_ovs_vsctl_there():
+    from emulation.cluster import remote
+    from topologies.nodes import OVSUserSwitch
+
+    here, there = [Switch("leaf1", "localhost"), Switch("spine1", "localhost")], [Switch("leaf2", "rack2"),
+                                                                                    Switch("spine2", "rack2")]
+    ran_here: list[str] = []
+    remote(OVSUserSwitch).batchStartup([*here, *there], run=lambda command, **_: ran_here.append(command))
+    assert ran_here == [" ".join(["ovs-vsctl", *here[0].commands, *here[1].commands])]
+    (argv,) = there[0].rcmds
+    assert argv[:2] == ["sh", "-c"] and not there[1].rcmds
+    (line,) = shlex.split(argv[2])
+    assert line == " ".join(["ovs-vsctl", *there[0].commands, *there[1].commands]) and len(line) > 4095
+    assert all(switch.started_once for switch in [*here, *there])

@@ -480,3 +480,17 @@ def test_a_bucket_of_several_layers_is_read_as_its_layers_text(tmp_path):
     runs = results.aggregate(tmp_path)
     assert runs["iter_time_mean_s"].notna().sum() == len(runs) - 1  # all but the failed run
     assert "2+1+0" in set(pd.read_csv(tmp_path / "tensors.csv", dtype={"layer": str})["layer"])
+
+
+def test_a_run_faster_than_its_lower_bound_is_said_to_have_measured_the_shapers(tmp_path):
+    make_results(tmp_path)
+    results.aggregate(tmp_path)
+    runs = pd.read_csv(tmp_path / "runs.csv")
+    fast = runs["run_id"] == "scheme=spray,mode=ps,rep=1"
+    runs.loc[fast, "lower_bound_s"] = runs.loc[fast, "iter_time_mean_s"] / 0.5
+    runs.loc[~fast, "lower_bound_s"] = runs.loc[~fast, "iter_time_mean_s"] / 0.99  # within the noise allowed
+    runs.to_csv(tmp_path / "runs.csv", index=False)
+    notes = [line for line in write_summary(tmp_path).splitlines() if "of its lower bound" in line]
+    assert notes == ["- scheme=spray,mode=ps,rep=1: ran in 0.50 of its lower bound: the bound sends every frame at "
+                     "its link's rate, and each link's shaper lets up to 64kB through at once "
+                     "(topologies/shaping.py), so messages this small crossed faster than that rate"]
