@@ -135,8 +135,7 @@ def remote(cls: type) -> type:
         def batch_startup(switch_cls, switches, run=errRun):
             """Each server's switches by that server's ovs-vsctl: here as Mininet runs it, on another
             server through SSH as one command. Not through a node's shell: a shell reads from a
-            terminal, which cuts a line at 4095 bytes, and the batch of a few switches is longer (a
-            cut left bridges without their datapath type, and the controller saw none of them)."""
+            terminal, which cuts a line at 4095 bytes, and the batch of a few switches is longer."""
             for server in sorted({switch.server for switch in switches}):
                 group = [switch for switch in switches if switch.server == server]
                 OVSUserSwitch.batchStartup.__func__(switch_cls, group, run=run if server == LOCAL else

@@ -36,8 +36,8 @@ def render(url: str, tmp_path: Path, *flags: str) -> subprocess.CompletedProcess
 
 
 def screenshot(url: str, tmp_path: Path, path: Path) -> None:
-    """A screenshot of the page; chromium on a loaded machine once exited without writing one (a CI
-    run), so up to three tries, and chromium's own words if none wrote it."""
+    """A screenshot of the page; chromium on a loaded machine can exit without writing one, so up to
+    three tries, and chromium's own words if none wrote it."""
     path.unlink(missing_ok=True)
     for _ in range(3):
         result = render(url, tmp_path, "--window-size=1100,1000", f"--screenshot={path}")
@@ -53,7 +53,7 @@ def link_utilizations(dom: str) -> dict[str, float]:
 
 def rendered_count(url: str, tmp_path) -> tuple[str, int]:
     """The page's DOM and its iteration count; a render on a loaded machine can dump the DOM before
-    the page's first update drew the count (once in a CI run), so up to three renders."""
+    the page's first update drew the count, so up to three renders."""
     for _ in range(3):
         dom = render(url, tmp_path, "--dump-dom").stdout
         found = re.search(r'class="iterations"[^>]*? data-count="(\d+)"', dom)

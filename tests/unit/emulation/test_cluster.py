@@ -1,7 +1,7 @@
 """A host app started on another server: its argv and folder as the server's root shell sees them."""
 import json
-import shlex
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
