@@ -16,10 +16,28 @@ def btree_parent(rank: int, world: int) -> int | None:
     return up if up < world else rank ^ bit
 
 
+def rerooted(parents: list[int | None]) -> list[int | None]:
+    """The tree with a root of one child turned into that child's last child: the child is the root.
+
+    NCCL's binary tree hangs the in-order tree under rank 0 (ncclGetBtree), a root with one child, so a
+    segment climbs one level more than the tree's in-order height and comes back down one more: two rounds
+    of latency a segment, and two more ticks of pipeline fill and drain, for a rank that only divides.  The
+    child takes the old root as a third child: it then takes three halves of a segment in and sends three
+    out in that tree, and is a leaf of the other tree (the child is an odd position there), so it carries
+    two segments each way, as every rank with two children does."""
+    root = parents.index(None)
+    children = [rank for rank, up in enumerate(parents) if up == root]
+    if len(children) != 1:
+        return parents
+    turned = list(parents)
+    turned[children[0]], turned[root] = None, children[0]
+    return turned
+
+
 def double_tree(world: int) -> tuple[list[int | None], list[int | None]]:
-    """The parent of every rank in NCCL's two trees (ncclGetDtree): the binary tree, and the same tree mirrored
-    (rank r as world-1-r) for an even world or shifted by one rank for an odd one, so that a rank is an inner
-    node of at most one tree (in an odd world rank 0 has one child in each)."""
+    """The parent of every rank in two trees after NCCL's (ncclGetDtree): the binary tree, and the same tree
+    mirrored (rank r as world-1-r) for an even world or shifted by one rank for an odd one, so that a rank has
+    two or more children in at most one tree; each rerooted at its root's only child."""
     first = [btree_parent(r, world) for r in range(world)]
     if world % 2:
         shifted = [btree_parent((r - 1) % world, world) for r in range(world)]
@@ -27,7 +45,7 @@ def double_tree(world: int) -> tuple[list[int | None], list[int | None]]:
     else:
         mirrored = [btree_parent(world - 1 - r, world) for r in range(world)]
         second = [None if up is None else world - 1 - up for up in mirrored]
-    return first, second
+    return rerooted(first), rerooted(second)
 
 
 class Tree:
@@ -57,8 +75,8 @@ class DoubleBinaryTree(AllReduce):
     """Two binary trees, each reducing half of every segment up to its root and broadcasting the mean back
     down, pipelined over segments of --partition-bytes as NCCL pipelines its chunks.
 
-    A rank has two children in at most one tree and is a leaf of the other, so it sends and receives about
-    twice the segment in all (the ring: 2(n-1)/n of it) over 2 log2(n) rounds of latency
+    A rank has children in at most one tree and is a leaf of the other, so it sends and receives about
+    twice the segment in all (the ring: 2(n-1)/n of it) over 2(ceil(log2 n) - 1) rounds of latency
     (the ring: 2(n-1)).  One tree would cost its inner ranks three segments each way, half again the
     double tree's bandwidth for the same latency: hence two.  The reduction is a message per tree edge and
     round: a rank sends up in the round of its height (after its children's partial sums, received in the

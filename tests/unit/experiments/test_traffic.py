@@ -98,9 +98,10 @@ def allreduce_run(collective: str, *sets: str) -> Run:
     ("ring", 6 * (seconds(MB / 4, 100) + hops_s())),
     # halving: half to the leaf neighbour, a quarter across; doubling: back again
     ("halving_doubling", seconds(1.5 * MB, 100) + 2 * hops_s(cross=False) + 2 * hops_s()),
-    # NCCL's trees of 4: 0 -> 2 -> {1, 3} and 3 -> 1 -> {0, 2}, half the model each: h3 (h2) takes two halves
-    # from its children in the first tick and sends two to them in the last; every tick crosses the spines
-    ("tree", seconds(3 * MB, 100) + 4 * hops_s()),
+    # NCCL's trees of 4, 0 -> 2 -> {1, 3} and 3 -> 1 -> {0, 2}, rerooted: 2 -> {1, 3, 0} and 1 -> {0, 2, 3}, half
+    # the model each: h3 (h2) takes three halves from its children in the first tick and sends three to them in
+    # the second; both ticks cross the spines
+    ("tree", seconds(3 * MB, 100) + 2 * hops_s()),
     # half the model to the leaf neighbour, a quarter to the rank holding the same half on the other leaf, back
     # again: on 2 x 2 ranks the same ticks as halving-doubling
     ("hierarchical", seconds(1.5 * MB, 100) + 2 * hops_s(cross=False) + 2 * hops_s()),
@@ -129,13 +130,12 @@ def test_a_pipelined_collective_pays_its_fill_and_gains_the_overlap():
     piped = run_of("allreduce", "job.collective=tree", "job.partition_bytes=65536", "exclude=[{mode: ps}]")
     ticks = traffic.allreduce_ticks(piped, MB)
     # 250000 floats in segments of 4 datagrams (of 2227 floats) in each half, 17816 floats: 14 segments, the last
-    # 576 folded into the 14th; 4 ticks each, one behind the other
-    assert len(ticks) == 14 + 4 - 1
-    # h2 and h3 (two children in one tree, a leaf of the other) send 2 models, h1 and h4 (a root with one child
-    # and a leaf) 1
+    # 576 folded into the 14th; 2 ticks each, one behind the other
+    assert len(ticks) == 14 + 2 - 1
+    # h2 and h3 (the root of one tree, a leaf of the other) send 2 models, h1 and h4 (a leaf of both) 1
     assert sum(nbytes for messages in ticks for _, _, nbytes in messages) == 6 * MB
-    # one segment: the busiest host link carries 3 models in its 4 ticks (a model in the first and the last);
-    # 14: 2 models over 17 ticks, its sends and receives in the same ticks
+    # one segment: the busiest host link carries 3 models in its 2 ticks (1.5 in each);
+    # 14: 2 models over 15 ticks, its sends and receives in the same ticks
     assert traffic.alpha_beta_s(piped, MB) < 0.85 * traffic.alpha_beta_s(one, MB)
 
 

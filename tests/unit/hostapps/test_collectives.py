@@ -13,6 +13,7 @@ from hostapps import codec
 from hostapps.allreduce import (GATHER, REDUCE, PeerSenders, Ring, Segment, allreduce_names, chunk_bounds,
                                 make_allreduce, ring_allreduce, ring_neighbours, ring_phase, run_allreduce)
 from hostapps.collectives import PS_PULL, PS_PUSH, ps_phase
+from hostapps.allreduce.tree import Tree, btree_parent, double_tree
 from hostapps.assembly import mlt_options, peers_to_connect
 from hostapps.config import Model, ProcessConfig, build_model
 from hostapps.mlt import MltTransport
@@ -187,6 +188,20 @@ def ps_iteration(addresses, gradients, make=TcpTransport):
     return initial, model, pulled
 
 
+@given(world=st.integers(3, 64))  # of two ranks each tree is one edge, whichever end is the root
+def test_the_double_tree_climbs_one_level_less_than_nccls_and_loads_no_rank_more(world):
+    """NCCL's root (rank 0 in the first tree) has one child; rerooted at that child, a segment takes one round
+    less up and one less down, every rank still has children in at most one tree, and none sends or receives
+    more than two segments (half a segment an edge of each tree)."""
+    trees = [Tree(parents) for parents in double_tree(world)]
+    ncclish = Tree([btree_parent(rank, world) for rank in range(world)])
+    assert max(tree.height[tree.root] for tree in trees) == ncclish.height[ncclish.root] - 1
+    for rank in range(world):
+        assert sum(bool(tree.children[rank]) for tree in trees) <= 1
+        edges = sum(len(tree.children[rank]) + (tree.parents[rank] is not None) for tree in trees)
+        assert edges / 2 <= 2
+
+
 def test_pipeline_segments_fill_whole_datagrams_in_every_ring_chunk():
     # A ResNet-50 profile's first bucket: 267786 elements, 5 ranks, 2227-element (8908-byte) datagrams, 192 KB
     # segments
@@ -301,7 +316,8 @@ def test_each_collective_connects_the_peers_its_schedule_names():
     # 5 ranks: 4 in the recursive part, rank 0 folded into rank 1 (which is virtual rank 0: partners 2 and 3)
     assert ranks_connected(0, collective="halving_doubling") == ([1], [])
     assert ranks_connected(1, collective="halving_doubling") == ([2, 3], [0])
-    # NCCL's trees of 5: 0 -> 4 -> {2 -> {1, 3}}; shifted by one: 1 -> 0 -> {3 -> {2, 4}}
+    # NCCL's trees of 5, 0 -> 4 -> {2 -> {1, 3}} and, shifted by one, 1 -> 0 -> {3 -> {2, 4}}, rerooted:
+    # 4 -> {2 -> {1, 3}, 0} and 0 -> {3 -> {2, 4}, 1}
     assert ranks_connected(0, collective="tree") == ([1, 3, 4], [])
     assert ranks_connected(2, collective="tree") == ([3, 4], [1])
     # leaves {0, 1, 2} and {3, 4}: rings 0-1-2 and 3-4 within them; 6 columns, a chunk of 2 on the first leaf and
