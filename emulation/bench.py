@@ -48,14 +48,15 @@ def measure(fab: Fabric, case: Case, seconds: float) -> dict:
     others = [other for server in fab.servers or [] if (other := vswitchd_pid_at(server)) is not None]
     log = OvsLog()
     drops0 = sum(port_socket_drops().values())
-    cpu0, threads0, (busy0, total0), t0 = process_cpu_s(pid), thread_jiffies(pid), machine_jiffies(), time.monotonic()
+    cpu0, threads0, t0 = process_cpu_s(pid), thread_jiffies(pid), time.monotonic()
+    busy0, total0, _ = machine_jiffies()
     others0 = {other: (process_cpu_s(other), thread_jiffies(other)) for other in others}
     clients = [fab.popen(src, ["iperf3", "-c", fab.host(dst).IP(), "-p", str(5201 + i),
                                "-t", str(seconds), "-J"])
                for i, (src, dst) in enumerate(pairs)]
     results = [json.loads(c.communicate(timeout=seconds + 30)[0]) for c in clients]
     elapsed = time.monotonic() - t0
-    cpu1, threads1, (busy1, total1) = process_cpu_s(pid), thread_jiffies(pid), machine_jiffies()
+    cpu1, threads1, (busy1, total1, _) = process_cpu_s(pid), thread_jiffies(pid), machine_jiffies()
     others1 = {other: (process_cpu_s(other), thread_jiffies(other)) for other in others}
     for server in servers:
         server.wait(10)

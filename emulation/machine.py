@@ -21,6 +21,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from common.sysctl import SYSCTL_DIR, read_sysctl
 
@@ -180,12 +181,20 @@ def prepare(tcp_cc: str | None = None,
 
 
 # -- CPU ----------------------------------------------------------------------------------------
-def machine_jiffies(stat: str | None = None) -> tuple[int, int]:
-    """(busy, total) jiffies of all CPUs since boot, from /proc/stat's first line."""
+class Jiffies(NamedTuple):
+    """All CPUs' jiffies since boot: busy (steal included: time this machine's CPUs did not run it), all,
+    and stolen by the hypervisor for other guests."""
+    busy: int
+    total: int
+    steal: int
+
+
+def machine_jiffies(stat: str | None = None) -> Jiffies:
+    """All CPUs' jiffies since boot, from /proc/stat's first line."""
     fields = [int(v) for v in (stat or Path("/proc/stat").read_text()).split("\n", 1)[0].split()[1:]]
     idle = fields[3] + fields[4]  # idle + iowait
     total = sum(fields[:8])  # user..steal; guest time is already in user
-    return total - idle, total
+    return Jiffies(total - idle, total, fields[7])
 
 
 def thread_jiffies(pid: int) -> dict[int, int]:

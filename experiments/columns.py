@@ -8,7 +8,7 @@ from hostapps.collectives import PHASES
 
 # The fidelity guard's columns, in order (experiments/fidelity.py fills them).
 FIDELITY_COLUMNS = [
-    "cpu_util_mean", "vswitchd_thread_util_mean", "link_rate_frac", "class_queue_drops_pkts",
+    "cpu_util_mean", "cpu_steal_mean", "vswitchd_thread_util_mean", "link_rate_frac", "class_queue_drops_pkts",
     "outside_queue_drops_pkts", "app_lag_ms_p99", "fidelity_ok", "fidelity_reason",
 ]
 # iterations.csv's (and runs.csv's) delivered fraction of each collective phase (hostapps.records).

@@ -45,7 +45,7 @@ from experiments import fidelity, metrics, multijob
 from experiments.sampler import CPU_COLUMNS, DRAIN_COLUMNS, QUEUE_COLUMNS, SERVERS_DIR, SOCKET_COLUMNS
 from experiments.columns import CONFIG_COLUMNS, JOB_COLUMNS, runs_columns
 from experiments.effects import EFFECT_COLUMNS, EFFECT_NUMERIC, effects
-from experiments.spec import Run, Spec, alone_runs, get_field, parse_spec, scheme_of
+from experiments.spec import Run, RunConfig, Spec, alone_runs, get_field, parse_spec, scheme_of
 from hostapps import records
 from common.files import atomic_open, write_text
 from common.sysctl import read_sysctl
@@ -409,7 +409,8 @@ def completed_run_ids(out_dir: str | Path, spec: Spec) -> set[str]:
 
 # Columns added to the records after results were already made with them: older results read as
 # empty there, so they still aggregate (each other missing column is an error).
-LATER_COLUMNS = {"delivered_fraction_reduce", "delivered_fraction_gather", "mem_used_mb", "straggler_s"}
+LATER_COLUMNS = {"delivered_fraction_reduce", "delivered_fraction_gather", "mem_used_mb", "straggler_s",
+                 "steal_util"}
 # The contracts' columns of text; every other column holds numbers (an empty cell is NaN). A
 # tensor's layer is text: a bucket of a fused or partitioned all-reduce names its layers, "2+1+0".
 TEXT_COLUMNS = {"run_id", "job", "role", "tensor", "layer", "direction", "peer", "switch", "tier"}
@@ -585,13 +586,35 @@ def _run_row(out: Path, run: Run, record: dict[str, Any], records: dict[str, pd.
         tail_comm_s=record.get("tail_comm_s", math.nan), comm_bound_s=record.get("comm_bound_s", math.nan)))
     if records["models"] is not None:
         row["replica_divergence"] = metrics.replica_divergence(records["models"])
-    start_s, end_s = metrics.training_window_s(iterations)
+    row.update(_verdict(config, records))
+    return row
+
+
+def _verdict(config: RunConfig, records: dict[str, Any]) -> dict[str, object]:
+    """The fidelity guard's columns of a run from its records (experiments/fidelity.py)."""
+    start_s, end_s = metrics.training_window_s(records["iterations"])
     here = {key: records[key] for key in ("cpu", "queues", "drains", "sockets", "ovs")}
     transports = {job.transport for job in config.jobs or [config.job]}
-    row.update(fidelity.judge_servers({LOCAL: here, **records.get("servers", {})}, records["port_rates"],
-                                      list(records["summaries"]["lag_ms_p99"].dropna()), start_s, end_s,
-                                      fidelity.app_lag_limit_ms(transports)))
-    return row
+    return fidelity.judge_servers({LOCAL: here, **records.get("servers", {})}, records["port_rates"],
+                                  list(records["summaries"]["lag_ms_p99"].dropna()), start_s, end_s,
+                                  fidelity.app_lag_limit_ms(transports))
+
+
+def stolen_failure(out_dir: str | Path, run: Run) -> str:
+    """Why a finished run failed the guard while the hypervisor gave other guests fidelity.STEAL_NOTE_MIN or
+    more of the CPUs on average: its times measure the machine's neighbours, and running it again may
+    measure the network. "" when it passed, stole less, failed otherwise, or its records cannot be judged."""
+    try:
+        record = checked_run_record(out_dir, run.run_id)
+        if not record or record["status"] != "ok" or missing_records(out_dir, run):
+            return ""
+        verdict = _verdict(run.config, read_run(out_dir, run.job_runs[0]))
+    except (Damaged, OSError, ValueError, KeyError):
+        return ""
+    steal = float(verdict["cpu_steal_mean"])
+    if verdict["fidelity_ok"] is False and steal >= fidelity.STEAL_NOTE_MIN:
+        return f"{verdict['fidelity_reason']}; the hypervisor stole {steal:.0%} of the CPUs on average"
+    return ""
 
 
 def job_record_of(record: dict[str, Any], name: str) -> dict[str, Any]:

@@ -4,8 +4,9 @@ port's class queues (tc: bytes and packets sent, drops, backlog), the switches' 
 drops, and, over the whole run, the transmit errors OVS logged and its datapath drop counters.
 
 Files in the run's directory (CSV columns below; counters are cumulative, as sampled):
-    cpu.csv      time_s, cpu_util (machine, 0..1), vswitchd_thread_util (cores, busiest thread of
-                 the server's ovs-vswitchd), mem_used_mb (machine)
+    cpu.csv      time_s, cpu_util (machine, 0..1, steal included), vswitchd_thread_util (cores,
+                 busiest thread of the server's ovs-vswitchd), mem_used_mb (machine), steal_util
+                 (0..1 of the machine's CPUs: time the hypervisor gave other guests)
     queues.csv   time_s, switch, port, cs, sent_bytes, sent_pkts, dropped_pkts, backlog_bytes
     drain.csv    time_s, switch, port, probe_s, backlog_bytes, sent_bytes: for each port that had a
                  backlog, what it sent in the next probe_s (a second tc dump DRAIN_PROBE_S later)
@@ -41,7 +42,7 @@ SAMPLE_S = 0.5
 # A port that holds B bytes must send min(B, rate x t) in the next t seconds: probing right after a
 # sample tests that whatever the traffic's burstiness; 20 ms is 250 KB at 100 Mbit/s, a full queue.
 DRAIN_PROBE_S = 0.02
-CPU_COLUMNS = ["time_s", "cpu_util", "vswitchd_thread_util", "mem_used_mb"]
+CPU_COLUMNS = ["time_s", "cpu_util", "vswitchd_thread_util", "mem_used_mb", "steal_util"]
 QUEUE_COLUMNS = ["time_s", "switch", "port", "cs", "sent_bytes", "sent_pkts", "dropped_pkts",
                  "backlog_bytes"]
 SOCKET_COLUMNS = ["time_s", "switch", "port", "socket_drops"]
@@ -156,21 +157,21 @@ class FabricSampler:
                 writer.writerow(columns)
             files = (queue_file, drain_file, socket_file)
             pids = [vswitchd_pid()]
-            busy, total = machine_jiffies()
+            jiffies = machine_jiffies()
             threads, then = _threads(pids), time.monotonic()
             self._sample(queues, drains, sockets, files)
             while True:
                 stopped = self._stop.wait(SAMPLE_S)
-                now_busy, now_total = machine_jiffies()
+                now_jiffies = machine_jiffies()
                 now_threads, now_mono = _threads(pids), time.monotonic()
-                if now_total > total:
+                if (total := now_jiffies.total - jiffies.total) > 0:
                     thread_util = busiest_thread_share(threads, now_threads, now_mono - then)
-                    machine = (now_busy - busy) / (now_total - total)
+                    machine = (now_jiffies.busy - jiffies.busy) / total
                     self.latest = {**self.latest, "cpu": (machine, thread_util)}
                     cpu.writerow([f"{time.time():.3f}", f"{machine:.4f}", f"{thread_util:.4f}",
-                                  f"{machine_used_mb():.1f}"])
+                                  f"{machine_used_mb():.1f}", f"{(now_jiffies.steal - jiffies.steal) / total:.4f}"])
                     cpu_file.flush()
-                busy, total, threads, then = now_busy, now_total, now_threads, now_mono
+                jiffies, threads, then = now_jiffies, now_threads, now_mono
                 self._sample(queues, drains, sockets, files)
                 if stopped:  # the last sample is at the end, so every run has its deltas
                     return

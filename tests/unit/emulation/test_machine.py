@@ -74,7 +74,7 @@ def test_busiest_thread_share():
 
 def test_machine_jiffies():
     stat = "cpu  100 5 50 800 20 3 2 10 7 0\ncpu0 1 2 3 4 5 6 7 8 9 0\n"
-    assert machine.machine_jiffies(stat) == (100 + 5 + 50 + 3 + 2 + 10, 990)
+    assert machine.machine_jiffies(stat) == (100 + 5 + 50 + 3 + 2 + 10, 990, 10)
 
 
 LOG = """\

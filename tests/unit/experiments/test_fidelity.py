@@ -88,6 +88,19 @@ def test_timers_a_little_late_measure_the_machine_only_where_mlt_paces():
     assert judge(lags=(4.1,), transports=("mlt",))["fidelity_ok"] is False
 
 
+def test_a_reason_says_how_much_the_hypervisor_stole_when_it_stole_enough_to_name():
+    stolen = cpu(machine=0.95).assign(steal_util=[0.0] * SECONDS + [0.3])  # 3% on average, 30% at the peak
+    verdict = judge(cpu_samples=stolen, lags=(6.0,), transports=("mlt",))
+    assert verdict["cpu_steal_mean"] == pytest.approx(0.3 / (SECONDS + 1))
+    assert verdict["fidelity_reason"] == ("machine CPU 0.95 > 0.9 (0.03 of it stolen by the hypervisor); "
+                                          "host-app timers woke 6.0 ms late (p99 > 4 ms, "
+                                          "the hypervisor stole up to 30% of the CPUs)")
+    idle = cpu(machine=0.95).assign(steal_util=0.001)  # what an idle minute steals here: not worth a word
+    assert judge(cpu_samples=idle, lags=(6.0,), transports=("mlt",))["fidelity_reason"] == (
+        "machine CPU 0.95 > 0.9; host-app timers woke 6.0 ms late (p99 > 4 ms)")
+    assert math.isnan(judge()["cpu_steal_mean"]), "a cpu.csv from before steal was sampled"
+
+
 def test_reasons_add_up():
     verdict = judge(cpu_samples=cpu(machine=0.99, thread=0.99), lags=(50.0,))
     assert verdict["fidelity_reason"].count(";") == 2

@@ -156,8 +156,8 @@ def test_runs_csv_has_exactly_the_contract_columns(runs):
         "time_to_accuracy_s", "bytes_sent", "lower_bound_s", "tight_bound_s", "compute_s", "comm_s",
         "tictac_efficiency", "straggler_s", "delivered_fraction_reduce", "delivered_fraction_gather",
         "replica_divergence", "speedup_vs_baseline",
-        "uplink_imbalance", "max_flows_per_uplink", "placement", "cpu_util_mean", "vswitchd_thread_util_mean",
-        "link_rate_frac",
+        "uplink_imbalance", "max_flows_per_uplink", "placement", "cpu_util_mean", "cpu_steal_mean",
+        "vswitchd_thread_util_mean", "link_rate_frac",
         "class_queue_drops_pkts", "outside_queue_drops_pkts", "app_lag_ms_p99", "fidelity_ok",
         "fidelity_reason", "alone_iter_time_s", "slowdown_vs_alone", "jct_s", "compute_util", "faults", "data_gaps"]
     assert len(runs) == 8
@@ -494,3 +494,19 @@ def test_a_run_faster_than_its_lower_bound_is_said_to_have_measured_the_shapers(
     assert notes == ["- scheme=spray,mode=ps,rep=1: ran in 0.50 of its lower bound: the bound sends every frame at "
                      "its link's rate, and each link's shaper lets up to 64kB through at once "
                      "(topologies/shaping.py), so messages this small crossed faster than that rate"]
+
+
+def test_a_run_failed_by_the_guard_while_the_hypervisor_stole_is_told_apart(tmp_path):
+    """stolen_failure: the runner runs such a run again; one failed by its own load, or green, it keeps."""
+    make_results(tmp_path)
+    runs = {run.run_id: run for run in load_spec(FIXTURE_SPEC).runs}
+    saturated, green = runs[SATURATED_RUN], runs["scheme=baseline,mode=allreduce,rep=1"]
+    assert results.stolen_failure(tmp_path, saturated) == "", "CPU 0.95, none of it stolen: its own load"
+    assert results.stolen_failure(tmp_path, runs[FAILED_RUN]) == "", "a failed run is not judged"
+    for run in (saturated, green):
+        cpu_csv = results.run_dir(tmp_path, run.run_id) / "cpu.csv"
+        pd.read_csv(cpu_csv).assign(steal_util=0.1).to_csv(cpu_csv, index=False)
+    assert results.stolen_failure(tmp_path, saturated) == (
+        "machine CPU 0.95 > 0.9 (0.10 of it stolen by the hypervisor); "
+        "the hypervisor stole 10% of the CPUs on average")
+    assert results.stolen_failure(tmp_path, green) == "", "green despite the steal"

@@ -34,7 +34,18 @@ class FakeFabric:
         pass
 
 
-def test_a_run_that_fails_at_run_time_fails_alone(monkeypatch, tmp_path):
+@pytest.fixture
+def fake_fabric(monkeypatch):
+    """The runner with a fabric that builds nothing: run_on_fabric only runs its runs."""
+    from experiments import runner
+    monkeypatch.setattr(runner, "Fabric", FakeFabric)
+    monkeypatch.setattr(runner, "fabric_placement", lambda fab: {})
+    monkeypatch.setattr(runner, "port_rates", lambda fab: None)
+    monkeypatch.setattr(runner, "fabric_memory", lambda run_dirs: {})
+    return runner
+
+
+def test_a_run_that_fails_at_run_time_fails_alone(fake_fabric, monkeypatch, tmp_path):
     """Any exception of one run (a ConfigError of the host apps', say) is recorded as that run's
     failure, with its reason, and the next run goes on on the same fabric."""
     from experiments import runner
@@ -42,13 +53,9 @@ def test_a_run_that_fails_at_run_time_fails_alone(monkeypatch, tmp_path):
     from experiments.results import read_run_record
     from hostapps.config import ConfigError
     spec = load_spec(SMOKE)
-    monkeypatch.setattr(runner, "Fabric", FakeFabric)
-    monkeypatch.setattr(runner, "fabric_placement", lambda fab: {})
-    monkeypatch.setattr(runner, "port_rates", lambda fab: None)
-    monkeypatch.setattr(runner, "fabric_memory", lambda run_dirs: {})
     ran = []
 
-    def run_once(fab, out, plans, rates, stats_csv, progress, run):
+    def run_once(fab, out, plans, rates, stats_csv, progress, run, earlier=()):
         ran.append(run.run_id)
         if len(ran) == 1:
             raise ConfigError("--servers", "2 shards but the model has only 1 tensors")
@@ -65,6 +72,38 @@ def test_a_run_that_fails_at_run_time_fails_alone(monkeypatch, tmp_path):
     assert second["status"] == "ok"
     assert progress.statuses == {"failed": 1, "ok": 1}
     assert (tmp_path / "fabrics" / spec.runs[0].run_id / "fabric.json").is_file()
+
+
+def test_a_run_failed_by_the_guard_while_the_hypervisor_stole_runs_once_more(fake_fabric, monkeypatch, tmp_path):
+    """The first attempt is kept beside the run, the second's record says why it ran; a second steal is
+    the run's result (STOLEN_RETRIES), as is any run the guard failed for its own load."""
+    from experiments import runner
+    from experiments.progress import Progress
+    from experiments.results import read_run_record
+    spec = load_spec(SMOKE)
+    ran = []
+
+    def run_once(fab, out, plans, rates, stats_csv, progress, run, earlier=()):
+        ran.append(run.run_id)
+        runner.write_run_record(out, run, "ok", 0.0, 1.0, faults=list(earlier))
+        (runner.run_dir(out, run.run_id) / "attempt").write_text(str(ran.count(run.run_id)))
+        return "ok"
+
+    first, second = spec.runs
+    monkeypatch.setattr(runner, "run_once", run_once)
+    monkeypatch.setattr(runner, "stolen_failure", lambda out, run: "timers late; the hypervisor stole 12%"
+                        if run is first else "")
+    with Progress(len(spec.runs), disable=True) as progress:
+        runner.run_on_fabric(tmp_path, spec.runs, progress)
+    assert ran == [first.run_id, first.run_id, second.run_id]
+    assert progress.statuses == {"ok": 2}
+    kept = runner.run_dir(tmp_path, first.run_id).with_name(f"{first.run_id}.stolen1")
+    assert (kept / "attempt").read_text() == "1"
+    assert (runner.run_dir(tmp_path, first.run_id) / "attempt").read_text() == "2"
+    assert read_run_record(tmp_path, first.run_id)["faults"] == [
+        f"ran again: an earlier attempt, kept as runs/{first.run_id}.stolen1, failed the guard "
+        "(timers late; the hypervisor stole 12%)"]
+    assert read_run_record(tmp_path, second.run_id)["faults"] == []
 
 
 def test_a_resumed_fabric_keeps_the_earlier_attempts_record(tmp_path):

@@ -35,7 +35,9 @@ def test_a_servers_sampler_runs_in_the_repository_until_its_stdin_ends(tmp_path)
     assert done.returncode == 0, done.stderr
     assert sorted(path.name for path in out.iterdir()) == ["cpu.csv", "drain.csv", "ovs.json", "queues.csv",
                                                            "sockets.csv"]
-    assert list(pd.read_csv(out / "cpu.csv").columns) == CPU_COLUMNS
+    cpu = pd.read_csv(out / "cpu.csv")
+    assert list(cpu.columns) == CPU_COLUMNS and len(cpu) >= 1, "the last sample is taken as the sampler stops"
+    assert cpu["steal_util"].between(0, 1).all() and (cpu["steal_util"] <= cpu["cpu_util"]).all()
     assert set(json.loads((out / "ovs.json").read_text())) == {"tx_errors_by_port", "tx_errors_suppressed",
                                                                "datapath_drops"}
 
