@@ -122,8 +122,9 @@ def fit_rounds(points: list[tuple[str, int, float, float]]) -> tuple[dict[str, f
 
 
 def runs_table(spec: Spec, runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per all-reduce run that measured an iteration: its fabric, algorithm, model bytes, model
-    terms, measured seconds and bound."""
+    """One row per all-reduce run that measured an iteration and did not fail the fidelity guard (one that
+    did measured the machine: a late timer costs a small model's rounds more than the network does): its
+    fabric, algorithm, model bytes, model terms, measured seconds and bound."""
     axes = fabric_axes(spec)
     measured = runs.set_index("run_id")
     rows = []
@@ -131,6 +132,8 @@ def runs_table(spec: Spec, runs: pd.DataFrame) -> pd.DataFrame:
         if run.job.mode != "allreduce" or run.run_id not in measured.index:
             continue
         row = measured.loc[run.run_id]
+        if pd.notna(row["fidelity_ok"]) and not bool(row["fidelity_ok"]):
+            continue
         seconds = float(row["iter_time_mean_s"]) - float(row["compute_s"])
         if not math.isfinite(seconds):
             continue

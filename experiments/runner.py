@@ -68,10 +68,6 @@ ITERATION_LINE = re.compile(r"^iteration \d+/\d+ (\d+\.\d+)$", re.M)  # the rank
 # Several jobs start their first iterations together this long after they are launched (each then
 # at its start and offset): every host app has imported and connected by then (~1 s on 2 cores).
 JOBS_STARTUP_S = 4.0
-# A run the guard failed while the hypervisor gave other guests a share of the CPUs worth naming
-# (results.stolen_failure) measured the machine's neighbours: it runs again, this many times at most.
-# On this VM the host apps' timer lag follows the steal (docs/results.md), in episodes of minutes.
-STOLEN_RETRIES = 1
 
 
 @dataclass
@@ -126,7 +122,7 @@ def _run_experiment(spec: Spec, out_dir: Path, resume: bool, live: LiveView | No
             for _, group in itertools.groupby(pending, fabric_key):
                 runs = list(group)
                 while runs:  # a fabric that broke under a run: the runs after it get a new one
-                    runs = run_on_fabric(out, runs, progress)
+                    runs = run_on_fabric(out, runs, progress, spec.header.stolen_retries)
     except KeyboardInterrupt:
         sys.exit(f"run: interrupted; the finished runs are kept, continue with --resume --out {out}")
     aggregate(out)
@@ -150,10 +146,15 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # unwinds like Ctrl-C: the fabric and the runs' processes stop
 
 
-def run_on_fabric(out: Path, runs: list[Run], progress: Progress) -> list[Run]:
+def run_on_fabric(out: Path, runs: list[Run], progress: Progress, stolen_retries: int = 0) -> list[Run]:
     """Runs sharing one fabric. A run that fails fails alone, its record saying why. When the fabric
     breaks under a run (Fabric.check, a controller that cannot be restarted), that run fails and the
-    runs after it are returned, for a new fabric; when it cannot be built, they all fail."""
+    runs after it are returned, for a new fabric; when it cannot be built, they all fail.
+
+    A run the guard failed while the hypervisor gave other guests a share of the CPUs worth naming
+    (results.stolen_failure) measured the machine's neighbours: it runs again, up to `stolen_retries`
+    times (the spec's), each earlier attempt set aside. On the 2-core VM the host apps' timer lag
+    follows the steal, which comes in episodes of minutes (docs/results.md)."""
     first = runs[0]
     workdir = fabric_dir(out, first)
     stats_csv = workdir / "ports.csv"
@@ -178,7 +179,7 @@ def run_on_fabric(out: Path, runs: list[Run], progress: Progress) -> list[Run]:
                     while True:
                         progress.start_run(run.run_id, run.job.iterations, plans[0].lower_bound_s)
                         status = run_once(fab, out, plans, rates, stats_csv, progress, run, earlier)
-                        why = stolen_failure(out, run) if status == "ok" and len(earlier) < STOLEN_RETRIES else ""
+                        why = stolen_failure(out, run) if status == "ok" and len(earlier) < stolen_retries else ""
                         if not why:
                             break
                         kept = set_aside(out, run.run_id)

@@ -115,7 +115,7 @@ class Spec:
             **config,
             "repetitions": self.header.repetitions, "matrix": copy.deepcopy(self.header.matrix),
             "include": copy.deepcopy(self.header.include), "exclude": copy.deepcopy(self.header.exclude),
-            "confidence": self.header.confidence,
+            "confidence": self.header.confidence, "stolen_retries": self.header.stolen_retries,
         }
 
 

@@ -216,6 +216,9 @@ class Header:
     exclude: list = knob([], "a list of {AXIS: LABEL or [LABELS], ...}: matrix points not to run")
     confidence: float = knob(0.95, "a level between 0 and 1 for every interval of the summary, e.g. 0.95",
                              lambda x: 0 < x < 1)
+    stolen_retries: int = knob(1, "an integer 0..3: how many more times a run runs after the fidelity guard failed it "
+                               "while the hypervisor stole 2% or more of the CPUs",
+                               lambda n: 0 <= n <= 3)
     live: int | None = knob(None, "a port 1024..65535 of 127.0.0.1 for the live view of the running experiment "
                             "(experiments/live.py), or null", lambda port: port is None or 1024 <= port <= 65535)
 

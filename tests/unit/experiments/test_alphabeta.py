@@ -55,6 +55,23 @@ def test_runs_that_follow_the_model_give_back_each_algorithms_alpha_and_the_fabr
     assert pd.read_csv(out / "alphabeta.csv")["measured_s"].tolist() == pytest.approx(fitted["measured_s"].tolist())
 
 
+def test_a_run_that_failed_the_guard_is_left_out_of_the_fit(out, tmp_path):
+    """Its time measured the machine: ten times the model's for the ring's smallest model would move alpha."""
+    runs = pd.read_csv(out / "runs.csv")
+    (spoiled,) = runs.index[(runs["collective"] == "ring") & (runs["size"] == "4KB") & (runs["rep"] == 1)]
+    runs.loc[spoiled, "iter_time_mean_s"] *= 10
+    runs["fidelity_ok"] = pd.Series(True, index=runs.index, dtype="boolean")
+    runs.loc[spoiled, "fidelity_ok"] = False
+    (tmp_path / "spec.yaml").write_text((out / "spec.yaml").read_text())
+    write_csv(runs, tmp_path / "runs.csv")
+    fitted, _ = alphabeta.write_alphabeta(tmp_path)
+    assert fitted["alpha_s"].tolist() == pytest.approx(fitted["collective"].map(ALPHAS).tolist(), rel=1e-6)
+    runs.loc[spoiled, "fidelity_ok"] = True
+    write_csv(runs, tmp_path / "runs.csv")
+    fitted, _ = alphabeta.write_alphabeta(tmp_path)
+    assert not fitted["alpha_s"].tolist() == pytest.approx(fitted["collective"].map(ALPHAS).tolist(), rel=1e-2)
+
+
 def test_the_ring_and_halving_doubling_cross_where_their_rounds_and_bytes_balance(out):
     _, crossed = alphabeta.write_alphabeta(out)
     row = crossed[(crossed["first"] == "ring") & (crossed["second"] == "halving_doubling")].iloc[0]

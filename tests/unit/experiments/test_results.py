@@ -510,3 +510,15 @@ def test_a_run_failed_by_the_guard_while_the_hypervisor_stole_is_told_apart(tmp_
         "machine CPU 0.95 > 0.9 (0.10 of it stolen by the hypervisor); "
         "the hypervisor stole 10% of the CPUs on average")
     assert results.stolen_failure(tmp_path, green) == "", "green despite the steal"
+
+
+def test_a_run_that_survived_faults_is_kept_whatever_was_stolen(tmp_path):
+    make_results(tmp_path)
+    saturated = next(run for run in load_spec(FIXTURE_SPEC).runs if run.run_id == SATURATED_RUN)
+    cpu_csv = results.run_dir(tmp_path, saturated.run_id) / "cpu.csv"
+    pd.read_csv(cpu_csv).assign(steal_util=0.1).to_csv(cpu_csv, index=False)
+    record = results.read_run_record(tmp_path, saturated.run_id)
+    results.write_run_record(tmp_path, saturated, "ok", record["start_s"], record["end_s"],
+                             faults=["3.0 s: controller exited with status -9; restarted"],
+                             bounds={"link_bound_s": LINK_BOUND_S, "tail_comm_s": TAIL_COMM_S})
+    assert results.stolen_failure(tmp_path, saturated) == ""

@@ -76,7 +76,8 @@ def test_a_run_that_fails_at_run_time_fails_alone(fake_fabric, monkeypatch, tmp_
 
 def test_a_run_failed_by_the_guard_while_the_hypervisor_stole_runs_once_more(fake_fabric, monkeypatch, tmp_path):
     """The first attempt is kept beside the run, the second's record says why it ran; a second steal is
-    the run's result (STOLEN_RETRIES), as is any run the guard failed for its own load."""
+    the run's result (the spec's stolen_retries: 1 by default), as is any run the guard failed for its
+    own load."""
     from experiments import runner
     from experiments.progress import Progress
     from experiments.results import read_run_record
@@ -94,7 +95,7 @@ def test_a_run_failed_by_the_guard_while_the_hypervisor_stole_runs_once_more(fak
     monkeypatch.setattr(runner, "stolen_failure", lambda out, run: "timers late; the hypervisor stole 12%"
                         if run is first else "")
     with Progress(len(spec.runs), disable=True) as progress:
-        runner.run_on_fabric(tmp_path, spec.runs, progress)
+        runner.run_on_fabric(tmp_path, spec.runs, progress, spec.header.stolen_retries)
     assert ran == [first.run_id, first.run_id, second.run_id]
     assert progress.statuses == {"ok": 2}
     kept = runner.run_dir(tmp_path, first.run_id).with_name(f"{first.run_id}.stolen1")

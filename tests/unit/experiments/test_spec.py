@@ -125,7 +125,9 @@ MALFORMED = [
     ("repetitons: 3", "repetitons: unknown field (did you mean repetitions?)"),
     ("repetitions: 0", "repetitions: 0 is not allowed (an integer 1..100)"),
     ("flavour: x", "flavour: unknown field (allowed: topology, controller, cluster, job, jobs, background, faults, "
-                   "name, description, repetitions, matrix, include, exclude, confidence, live)"),
+                   "name, description, repetitions, matrix, include, exclude, confidence, stolen_retries, live)"),
+    ("stolen_retries: 4", "stolen_retries: 4 is not allowed (an integer 0..3: how many more times a run runs after "
+                          "the fidelity guard failed it while the hypervisor stole 2% or more of the CPUs)"),
     ("matrix: {lb: {values: [ecmp, spray]}}",
      "matrix.lb.field: null is not allowed (the dotted field the scalar values set)"),
     ("matrix: {lb: {field: controller.lb, values: [ecmp, sprey]}}",
