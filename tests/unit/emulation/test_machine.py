@@ -103,3 +103,16 @@ def test_ovs_log_reads_what_was_added_since(tmp_path):
     assert since.transmit_errors().total == 1
     log.write_text("")  # rotated
     assert since.transmit_errors().total == 0
+
+
+def test_open_vswitch_starts_keeping_the_heap_it_grows(monkeypatch):
+    """Its daemons inherit ovs-ctl's environment: glibc's trim threshold, raised."""
+    seen = []
+    monkeypatch.setattr(machine.subprocess, "run",
+                        lambda argv, **options: seen.append((argv, options["env"])) or
+                        machine.subprocess.CompletedProcess(argv, 0, "", ""))
+    machine._ovs_ctl("start")
+    (argv, env), = seen
+    assert argv[:2] == [machine.OVS_CTL, "start"]
+    assert int(env["MALLOC_TRIM_THRESHOLD_"]) >= 64 << 20
+    assert env["PATH"] == machine.os.environ["PATH"], "the rest of the environment is passed on"
