@@ -182,7 +182,7 @@ def run_on_fabric(out: Path, runs: list[Run], progress: Progress, stolen_retries
                         why = stolen_failure(out, run) if status == "ok" and len(earlier) < stolen_retries else ""
                         if not why:
                             break
-                        kept = set_aside(out, run.run_id)
+                        kept = set_aside(run_dir(out, run.run_id), "stolen")
                         earlier.append(f"ran again: an earlier attempt, kept as runs/{kept.name}, failed the guard "
                                        f"({why})")
                         print(f"run {run.run_id}: {earlier[-1]}", file=sys.stderr)
@@ -222,10 +222,7 @@ def fabric_dir(out: Path, first: Run) -> Path:
     attempt's there (an interrupted experiment, resumed) is kept beside it as <first run_id>.attempt<N>."""
     workdir = out / "fabrics" / first.run_id
     if workdir.exists():
-        attempt = 1
-        while workdir.with_name(f"{workdir.name}.attempt{attempt}").exists():
-            attempt += 1
-        workdir.rename(workdir.with_name(f"{workdir.name}.attempt{attempt}"))
+        set_aside(workdir, "attempt")
     return workdir
 
 
@@ -347,13 +344,13 @@ class ControllerWatch:
                            f"{time.monotonic() - began:.1f} s")
 
 
-def set_aside(out: Path, run_id: str) -> Path:
-    """Move a finished run's folder out of the way of its next attempt: runs/<run_id>.stolen<N>."""
-    path = run_dir(out, run_id)
+def set_aside(path: Path, kind: str) -> Path:
+    """Move a folder out of the way of its next attempt, kept beside it as <name>.<kind><N> (the first N
+    free); return where it went."""
     number = 1
-    while path.with_name(f"{run_id}.stolen{number}").exists():
+    while path.with_name(f"{path.name}.{kind}{number}").exists():
         number += 1
-    return path.rename(path.with_name(f"{run_id}.stolen{number}"))
+    return path.rename(path.with_name(f"{path.name}.{kind}{number}"))
 
 
 def run_once(fab: Fabric, out: Path, plans: list[RunPlan], rates: pd.DataFrame, stats_csv: Path,
