@@ -34,7 +34,7 @@ import time
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -600,14 +600,16 @@ def _verdict(config: RunConfig, records: dict[str, Any]) -> dict[str, object]:
                                   fidelity.app_lag_limit_ms(transports))
 
 
-def stolen_failure(out_dir: str | Path, run: Run) -> str:
+def stolen_failure(out_dir: str | Path, run: Run, earlier: Sequence[str] = ()) -> str:
     """Why a finished run failed the guard while the hypervisor gave other guests fidelity.STEAL_NOTE_MIN or
     more of the CPUs on average: its times measure the machine's neighbours, and running it again may
     measure the network. "" when it passed, stole less, failed otherwise, survived faults (another
-    attempt would not meet them), or its records cannot be judged."""
+    attempt would not meet them; `earlier`, the runner's notes of this run's earlier attempts, which
+    head its faults, are not such), or its records cannot be judged."""
     try:
         record = checked_run_record(out_dir, run.run_id)
-        if not record or record["status"] != "ok" or record["faults"] or missing_records(out_dir, run):
+        if (not record or record["status"] != "ok" or record["faults"][len(earlier):]
+                or missing_records(out_dir, run)):
             return ""
         verdict = _verdict(run.config, read_run(out_dir, run.job_runs[0]))
     except (Damaged, OSError, ValueError, KeyError):

@@ -179,7 +179,8 @@ def run_on_fabric(out: Path, runs: list[Run], progress: Progress, stolen_retries
                     while True:
                         progress.start_run(run.run_id, run.job.iterations, plans[0].lower_bound_s)
                         status = run_once(fab, out, plans, rates, stats_csv, progress, run, earlier)
-                        why = stolen_failure(out, run) if status == "ok" and len(earlier) < stolen_retries else ""
+                        retry = status == "ok" and len(earlier) < stolen_retries
+                        why = stolen_failure(out, run, earlier) if retry else ""
                         if not why:
                             break
                         kept = set_aside(run_dir(out, run.run_id), "stolen")

@@ -512,13 +512,26 @@ def test_a_run_failed_by_the_guard_while_the_hypervisor_stole_is_told_apart(tmp_
     assert results.stolen_failure(tmp_path, green) == "", "green despite the steal"
 
 
-def test_a_run_that_survived_faults_is_kept_whatever_was_stolen(tmp_path):
-    make_results(tmp_path)
+def _stolen_from(out: Path, faults: list[str]) -> Run:
+    """The fixture's saturated run, 10% of the CPUs stolen meanwhile, its record with these faults."""
+    make_results(out)
     saturated = next(run for run in load_spec(FIXTURE_SPEC).runs if run.run_id == SATURATED_RUN)
-    cpu_csv = results.run_dir(tmp_path, saturated.run_id) / "cpu.csv"
+    cpu_csv = results.run_dir(out, saturated.run_id) / "cpu.csv"
     pd.read_csv(cpu_csv).assign(steal_util=0.1).to_csv(cpu_csv, index=False)
-    record = results.read_run_record(tmp_path, saturated.run_id)
-    results.write_run_record(tmp_path, saturated, "ok", record["start_s"], record["end_s"],
-                             faults=["3.0 s: controller exited with status -9; restarted"],
+    record = results.read_run_record(out, saturated.run_id)
+    results.write_run_record(out, saturated, "ok", record["start_s"], record["end_s"], faults=faults,
                              bounds={"link_bound_s": LINK_BOUND_S, "tail_comm_s": TAIL_COMM_S})
+    return saturated
+
+
+def test_a_run_that_survived_faults_is_kept_whatever_was_stolen(tmp_path):
+    saturated = _stolen_from(tmp_path, ["3.0 s: controller exited with status -9; restarted"])
     assert results.stolen_failure(tmp_path, saturated) == ""
+
+
+def test_a_second_attempt_stolen_from_again_may_run_once_more(tmp_path):
+    """The runner's note of an earlier attempt heads the run's faults: it is no fault the run survived."""
+    earlier = ["ran again: an earlier attempt, kept as runs/x.stolen1, failed the guard (...)"]
+    saturated = _stolen_from(tmp_path, earlier)
+    assert results.stolen_failure(tmp_path, saturated, earlier).startswith("machine CPU 0.95 > 0.9")
+    assert results.stolen_failure(tmp_path, saturated) == "", "read without them, the note is a fault"

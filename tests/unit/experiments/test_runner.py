@@ -92,7 +92,7 @@ def test_a_run_failed_by_the_guard_while_the_hypervisor_stole_runs_once_more(fak
 
     first, second = spec.runs
     monkeypatch.setattr(runner, "run_once", run_once)
-    monkeypatch.setattr(runner, "stolen_failure", lambda out, run: "timers late; the hypervisor stole 12%"
+    monkeypatch.setattr(runner, "stolen_failure", lambda out, run, earlier=(): "timers late; the hypervisor stole 12%"
                         if run is first else "")
     with Progress(len(spec.runs), disable=True) as progress:
         runner.run_on_fabric(tmp_path, spec.runs, progress, spec.header.stolen_retries)
