@@ -154,10 +154,9 @@ def port_socket_drops(interfaces: set[str] | None = None) -> dict[str, int]:
 
 
 # ovs-vswitchd runs with --mlockall. With glibc's defaults it hands the top of its heap back to the
-# kernel whenever 128 KB lie free there and faults and locks every page again as it regrows: for its
-# first 20-75 s of jumbo-frame traffic its forwarding thread worked at 0.80-0.93 of a core where a
-# daemon past that needed 0.42-0.51. With this threshold it keeps what it grew (docs/results.md); its
-# resident memory stays as it was (58-68 MB on a small fabric).
+# kernel whenever 128 KB lie free there and faults and locks every page again as it regrows, which
+# nearly doubles its forwarding thread's work in the first minute of traffic after a start. With this
+# threshold it keeps what it grew, and its resident memory stays as small (docs/results.md).
 OVS_MALLOC_ENV = {"MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
 
 
