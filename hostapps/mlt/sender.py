@@ -246,9 +246,16 @@ class Sender:
         if self.me.role == "server":
             return (message.key.iteration, peer_first, rank, left)
         if self.allreduce_precedence:
-            rate = self.pacer.rates[message.peer]
-            return (rank, message.key.iteration, int(rate.rate >= rate.ceiling), message.key.step, left)
+            return (rank, message.key.iteration, int(not self._slowed(message.peer)), message.key.step, left)
         return (rank, message.key.iteration, peer_first, left)
+
+    def _slowed(self, peer: Peer) -> bool:
+        """Whether the peer's rate leaves at least a floor's worth of the host's link free beside it, as has_turn
+        counts.  Not measured against the ceiling: a receiver alone with us advises its link's share (LINK_SHARE),
+        just below it, while a peer sent only one-datagram messages is never advised; against the ceiling the
+        first would count as slowed and go first for as long as it kept sending, the second held behind it."""
+        rate = self.pacer.rates[peer]
+        return rate.rate <= self.pacer.link.rate - rate.floor
 
     def first_pass_over(self, message: Outgoing) -> None:
         """The message's first pass is all handed out, or will never be (released, or its caller failed)."""

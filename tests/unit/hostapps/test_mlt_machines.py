@@ -340,6 +340,18 @@ def test_an_allreduce_worker_sends_to_a_slowed_peer_first_and_beside_it_to_one_a
     assert machine.has_turn(alone) and not machine.has_turn(shared)    # both at the link's rate: the lower step
 
 
+def test_a_peer_advised_its_receivers_whole_link_is_not_slowed_so_the_lower_step_goes_first():
+    """A receiver alone with us advises its link's share, just below the ceiling; a peer sent only one-datagram
+    messages is never advised.  The first is not slowed: the lower step goes first whichever peer it is to."""
+    machine = sender(allreduce_precedence=True)
+    machine.advise(RECEIVER, LINK_SHARE * 100e6 / 8)
+    later = submit(machine, RECEIVER, KEY._replace(step=9))
+    crossing = submit(machine, OTHER, KEY._replace(step=4), payload=MESSAGE[:100])  # one datagram, never advised
+    assert machine.has_turn(crossing) and not machine.has_turn(later)
+    machine.advise(RECEIVER, 100e6 / 8 / 2)  # RECEIVER's receiver shares its link: now it is slowed, and first
+    assert machine.has_turn(later)
+
+
 def test_a_first_pass_goes_beside_those_ahead_while_their_peers_leave_the_link_free():
     machine = sender()
     ahead = submit(machine, RECEIVER)
