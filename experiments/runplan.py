@@ -24,6 +24,7 @@ from experiments import traffic
 from experiments.source_ports import run_source_ports
 from experiments.spec import FLOW_PORTS, Job, Run, Spec, SpecError, Topology, layout_of, not_allowed
 from experiments.spec.checks import worker_leaves
+from hostapps.allreduce import ALLREDUCES
 from hostapps.assembly import peers_to_connect
 from hostapps.config import ConfigError, Model, ProcessConfig, Training, build_model, config_from_args, \
     layer_times_s, process_arguments
@@ -102,14 +103,14 @@ def process_config(run: Run, role: str, rank: int, ip: dict[str, str], **process
     """One process of the run's job: the spec's training knobs as they are, the peers' addresses and
     the fabric's facts (link rate for pacing and profile timing, datagram payload at the MTU, whether
     mlt sprays: a source port per datagram under lb spray, else one, a flow per peer as TCP's, and
-    for the hierarchical all-reduce each worker's leaf)."""
+    for an all-reduce that follows the fabric, the tree or the hierarchical one, each worker's leaf)."""
     config = run.config
     training = {field.name: getattr(run.job, field.name) for field in dataclasses.fields(Training)}
     ports, _ = run_source_ports(config)
     index = rank if role == "server" else len(config.server_hosts) + rank
     if config.controller.lb != "spray":
         process.setdefault("sport_range", 1)
-    if run.job.mode == "allreduce" and run.job.collective == "hierarchical":
+    if run.job.mode == "allreduce" and ALLREDUCES[run.job.collective].follows_leaves:
         process.setdefault("leaves", worker_leaves(config))
     return ProcessConfig(**training, role=role, rank=rank, source_port=ports[index],
                          workers=[(ip[host], WORKER_PORT) for host in config.worker_hosts],

@@ -34,7 +34,7 @@ from common.frames import ETHERNET_HEADER_BYTES
 from experiments.spec import Run, Topology, layout_of
 from experiments.spec.topology import shortest_paths_from
 from experiments.spec.checks import worker_leaves
-from hostapps.allreduce import AllReduce, make_allreduce
+from hostapps.allreduce import ALLREDUCES, AllReduce, make_allreduce
 from hostapps.codec import DATAGRAM_HEADER_BYTES
 from hostapps.collectives import assign_shards
 from hostapps.mlt import IP_UDP_HEADER_BYTES, payload_for_mtu
@@ -78,7 +78,7 @@ def allreduce_of(run: Run) -> AllReduce:
     """The run's all-reduce algorithm over its workers, as the host apps build it."""
     job = run.job
     return make_allreduce(job.collective, len(run.config.worker_hosts),
-                          worker_leaves(run.config) if job.collective == "hierarchical" else [])
+                          worker_leaves(run.config) if ALLREDUCES[job.collective].follows_leaves else [])
 
 
 def allreduce_ticks(run: Run, unit_bytes: int) -> list[list[Message]]:

@@ -285,8 +285,8 @@ class ProcessConfig(Training):
     quiet_ms: float = knob(5.0, "milliseconds > 0, at most --timeout (mlt: silence after which a message "
                            "within the loss bound is complete)", lambda x: 0 < x <= 1000 * MAX_TIMEOUT_S)
     layer_dscp: Any = knob({}, "TENSOR:DSCP,... (mlt: the controller's class per tensor)", parse=parse_layer_dscp)
-    leaves: Any = knob([], "comma-separated leaf number of every worker, by rank (collective hierarchical: the "
-                       "leaf switch each worker's host hangs off)", parse=parse_leaves)
+    leaves: Any = knob([], "comma-separated leaf number of every worker, by rank (collectives hierarchical and "
+                       "tree: the leaf switch each worker's host hangs off)", parse=parse_leaves)
 
     @property
     def world(self) -> int:
@@ -309,9 +309,12 @@ class ProcessConfig(Training):
         if self.collective == "hierarchical" and len(self.leaves) != self.world:
             raise ConfigError("--leaves", f"{len(self.leaves)} leaves for {self.world} workers (collective "
                               "hierarchical needs the leaf of every worker)")
-        if self.leaves and self.collective != "hierarchical":
-            raise ConfigError("--leaves", f"not allowed with collective {self.collective} (only the hierarchical "
-                              "all-reduce reads it)")
+        if self.leaves and len(self.leaves) != self.world:
+            raise ConfigError("--leaves", f"{len(self.leaves)} leaves for {self.world} workers (the leaf of every "
+                              "worker, or none)")
+        if self.leaves and not ALLREDUCES[self.collective].follows_leaves:
+            readers = " and ".join(name for name, algorithm in ALLREDUCES.items() if algorithm.follows_leaves)
+            raise ConfigError("--leaves", f"not allowed with collective {self.collective} (only {readers} read it)")
         if self.batch % self.world:
             raise ConfigError("--batch", f"global batch {self.batch} does not split evenly over {self.world} workers")
         if self.quiet_ms > 1000 * self.timeout:

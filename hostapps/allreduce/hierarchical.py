@@ -47,6 +47,7 @@ class Hierarchical(AllReduce):
     from there, so every rank ends bit-identical.
     """
     pipelined = True
+    follows_leaves = True
 
     def __init__(self, world: int, leaves: Sequence[int] = ()):
         super().__init__(world, leaves)

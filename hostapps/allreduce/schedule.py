@@ -106,9 +106,11 @@ class AllReduce:
     `parts` (the near-equal chunks it cuts a segment into: a pipeline's segments are whole numbers of
     datagrams in each) and writes `peers` and `schedule`. `pipelined`: it cuts every unit into segments of
     --partition-bytes itself (a tree or a chain only uses its links in parallel when several segments are
-    under way); the others are cut only under the caramel send order."""
+    under way); the others are cut only under the caramel send order.  `follows_leaves`: it reads `leaves`
+    (the runner passes them to the algorithms that do)."""
     name: ClassVar[str] = ""
     pipelined: ClassVar[bool] = False
+    follows_leaves: ClassVar[bool] = False
 
     def __init__(self, world: int, leaves: Sequence[int] = ()):
         self.world = world

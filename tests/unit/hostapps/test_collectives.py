@@ -202,6 +202,29 @@ def test_the_double_tree_climbs_one_level_less_than_nccls_and_loads_no_rank_more
         assert edges / 2 <= 2
 
 
+def crossing_edges(trees, leaves) -> int:
+    return sum(leaves[rank] != leaves[up] for tree in trees for rank, up in enumerate(tree.parents) if up is not None)
+
+
+def edges_by_rank(trees) -> list[int]:
+    return [sum(len(tree.children[rank]) + (tree.parents[rank] is not None) for tree in trees)
+            for rank in range(len(trees[0].parents))]
+
+
+@given(leaves=st.lists(st.integers(0, 3), min_size=2, max_size=24))
+@example(leaves=[4, 4, 4, 8, 8, 8])  # the collectives spec: NCCL's order crosses with 6 of 10 edges, placed with 4
+def test_the_tree_puts_ranks_where_fewer_edges_cross_leaves_and_no_rank_carries_more(leaves):
+    world = len(leaves)
+    ncclish = [Tree(parents) for parents in double_tree(world)]
+    tree = make_allreduce("tree", world, leaves)
+    assert crossing_edges(tree.trees, leaves) <= crossing_edges(ncclish, leaves)
+    if leaves == [4, 4, 4, 8, 8, 8]:
+        assert (crossing_edges(ncclish, leaves), crossing_edges(tree.trees, leaves)) == (6, 4)
+    assert sorted(edges_by_rank(tree.trees)) == sorted(edges_by_rank(ncclish)), "positions move, loads do not"
+    assert tree.levels == max(t.height[t.root] for t in ncclish)
+    assert [t.parents for t in make_allreduce("tree", world).trees] == [t.parents for t in ncclish]
+
+
 def test_pipeline_segments_fill_whole_datagrams_in_every_ring_chunk():
     # A ResNet-50 profile's first bucket: 267786 elements, 5 ranks, 2227-element (8908-byte) datagrams, 192 KB
     # segments

@@ -75,7 +75,9 @@ LAYER_DSCP = "is not TENSOR:DSCP with TENSOR 0..4294967295 and DSCP 0..63"
                                     "hierarchical, tree)"),
     (["--collective", "hierarchical"], "--leaves: 0 leaves for 2 workers (collective hierarchical needs the leaf "
                                        "of every worker)"),
-    (["--leaves", "1,2"], "--leaves: not allowed with collective ring (only the hierarchical all-reduce reads it)"),
+    (["--leaves", "1,2"], "--leaves: not allowed with collective ring (only hierarchical and tree read it)"),
+    (["--collective", "tree", "--leaves", "1,2,1"], "--leaves: 3 leaves for 2 workers (the leaf of every worker, "
+                                                     "or none)"),
     (["--collective", "hierarchical", "--leaves", "1,x"], "--leaves: 'x' is not a leaf number 0..999999999"),
     (["--collective", "tree", *PS], "--collective: 'tree' is not allowed ('ring' here: only an all-reduce job "
                                     "has one; ps mode pushes to and pulls from its servers, so it would change "
