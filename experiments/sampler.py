@@ -39,6 +39,7 @@ from emulation.machine import (busiest_thread_share, machine_jiffies, machine_us
 from emulation.ovslog import OvsLog
 
 SAMPLE_S = 0.5
+LAST_SAMPLE_WAIT_S = 0.03  # three jiffies (/proc/stat counts in 1/100 s): a sampler stopped at once has a row
 # A port that holds B bytes must send min(B, rate x t) in the next t seconds: probing right after a
 # sample tests that whatever the traffic's burstiness; 20 ms is 250 KB at 100 Mbit/s, a full queue.
 DRAIN_PROBE_S = 0.02
@@ -163,6 +164,9 @@ class FabricSampler:
             while True:
                 stopped = self._stop.wait(SAMPLE_S)
                 now_jiffies = machine_jiffies()
+                if stopped and now_jiffies.total == jiffies.total:  # stopped within a jiffy of the last sample:
+                    time.sleep(LAST_SAMPLE_WAIT_S)                 # the last one still needs its deltas
+                    now_jiffies = machine_jiffies()
                 now_threads, now_mono = _threads(pids), time.monotonic()
                 if (total := now_jiffies.total - jiffies.total) > 0:
                     thread_util = busiest_thread_share(threads, now_threads, now_mono - then)

@@ -42,6 +42,23 @@ def test_a_servers_sampler_runs_in_the_repository_until_its_stdin_ends(tmp_path)
                                                                "datapath_drops"}
 
 
+def test_a_sampler_stopped_within_a_jiffy_still_writes_its_last_sample(tmp_path, monkeypatch):
+    """/proc/stat counts in jiffies: a sampler whose stop comes before the next one would have no deltas,
+    and no row; it waits for them."""
+    from emulation.machine import Jiffies
+    from experiments import sampler
+    readings = iter([Jiffies(10, 100, 0), Jiffies(10, 100, 0), Jiffies(15, 108, 1)])
+    monkeypatch.setattr(sampler, "machine_jiffies", lambda: next(readings))
+    monkeypatch.setattr(sampler, "datapath_drops", lambda coverage: 0)
+    monkeypatch.setattr(sampler, "_coverage", lambda: "")
+    fabric = sampler.FabricSampler(tmp_path, {})
+    fabric._stop.set()  # stopped before its first interval ends
+    with fabric:
+        pass
+    cpu = pd.read_csv(tmp_path / "cpu.csv")
+    assert len(cpu) == 1 and cpu["cpu_util"].iloc[0] == 5 / 8 and cpu["steal_util"].iloc[0] == 1 / 8
+
+
 class FakeSession:
     """An SSH session to a server's sampler: it ends (status `status`, saying `said`) once its stdin closes."""
 
