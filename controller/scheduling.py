@@ -114,6 +114,8 @@ class JobDocument:
     # ones modelled from the layer table.
     period_ms: float | None = knob(None, f"{MILLISECONDS}: the job's measured iteration period (none: "
                                    "modelled from the layer table and comm_ms)", is_ms)
+    period_p99_ms: float | None = knob(None, f"{MILLISECONDS}: the 99th percentile of its measured iteration "
+                                       "periods (none: the time-shift pace keeps a fixed margin)", is_ms)
     comm_start_ms: float | None = knob(None, f"{MILLISECONDS}: when its communication starts after its "
                                        "iteration starts, measured (none: after the forward pass)", is_ms)
     # What an iteration sends from host to host; none: each host's model bytes spread evenly over the
@@ -146,6 +148,7 @@ class RegisteredJob:
     comm_ms: float | None = None
     period_ms: float | None = None
     comm_start_ms: float | None = None
+    period_p99_ms: float | None = None
     traffic: tuple[tuple[str, str, int], ...] = ()  # (src, dst, bytes of an iteration)
 
 
@@ -343,7 +346,7 @@ def parse_job(data: object, pace: Callable[[Iterable], Iterable] = iter) -> Regi
     flows = tuple(job_flow(flow, f"flows.{at}", hosts, known) for at, flow in pace(enumerate(document.flows)))
     job = RegisteredJob(document.job, document.policy, tuple(document.hosts), tuple(document.layers), flows,
                         document.sharing, document.comm_ms, document.period_ms, document.comm_start_ms,
-                        host_traffic(document.traffic, hosts))
+                        document.period_p99_ms, host_traffic(document.traffic, hosts))
     marks = job_mark_count(job)
     if marks > MAX_MARKS:
         raise SchemaError("flows", f"the job needs {marks} marks (one per host, one per flow or per aligned "

@@ -41,8 +41,11 @@ MAX_JOBS = 16  # jobs the controller holds at once
 PERIOD_SLOTS = 200
 MAX_CIRCLE_SLOTS = 20_000
 # A job's pace is its period stretched by this share (room for a shared machine's jitter and for the
-# residual overlap of phases that do not fit apart), then up to the next harmonic of the circle.
+# residual overlap of phases that do not fit apart), then up to the next harmonic of the circle.  Where
+# every job's run alone measured how late its iterations come (period_p99_ms), the margin is the latest
+# of them instead, at least MIN_PACE_MARGIN: a margin above what the jobs need is time they all wait.
 PACE_MARGIN = 0.05
+MIN_PACE_MARGIN = 0.01
 # CASSINI's compatibility: jobs whose phases, interleaved on the paced circle, still overlap for more
 # than this share of their communication cannot be kept apart (their communication does not fit the
 # circle); pacing them would only slow the faster ones, so they run free from their offsets.
@@ -61,6 +64,7 @@ class JobTiming:
     comm_ms: float
     measured_period_ms: float | None = None
     measured_comm_start_ms: float | None = None
+    measured_period_p99_ms: float | None = None
 
     @property
     def compute_ms(self) -> float:
@@ -77,6 +81,13 @@ class JobTiming:
         return self.forward_ms if self.measured_comm_start_ms is None else self.measured_comm_start_ms
 
     @property
+    def lateness(self) -> float | None:
+        """How much longer than its period the job's 99th-percentile iteration took alone; None unmeasured."""
+        if self.measured_period_ms is None or self.measured_period_p99_ms is None or self.measured_period_ms <= 0:
+            return None
+        return max(0.0, self.measured_period_p99_ms / self.measured_period_ms - 1)
+
+    @property
     def intensity(self) -> float:
         """Crux's GPU intensity: compute per iteration over its communication on the busiest link."""
         return self.compute_ms / self.comm_ms if self.comm_ms > 0 else math.inf
@@ -85,12 +96,12 @@ class JobTiming:
 def job_timing(job) -> JobTiming:
     """A RegisteredJob's timing from its layer table and `comm_ms` (none given: its bytes at 1 ms
     per MB, which ranks jobs sharing links of one rate as their times would), with its measured
-    `period_ms` and `comm_start_ms` where the job document gives them."""
+    `period_ms`, `comm_start_ms` and `period_p99_ms` where the job document gives them."""
     forward = sum(layer.fwd_ms or 0.0 for layer in job.layers)
     backward = sum(layer.bwd_ms or 0.0 for layer in job.layers)
     comm = job.comm_ms if job.comm_ms is not None else sum(layer.bytes for layer in job.layers) / 1e6
     return JobTiming(job.job, forward, backward, comm, getattr(job, "period_ms", None),
-                     getattr(job, "comm_start_ms", None))
+                     getattr(job, "comm_start_ms", None), getattr(job, "period_p99_ms", None))
 
 
 class SharingPolicy:
@@ -168,13 +179,24 @@ class TimeShift(SharingPolicy):
         return interleave(timings), {timing.job: 0.0 for timing in timings}
 
 
-def paces(timings: Sequence[JobTiming], margin: float = PACE_MARGIN) -> dict[str, float]:
-    """Each job's pace: the circle is the longest period stretched by `margin`; each job gets the
-    shortest circle / k (k = 1, 2, ...) that is at least its own period stretched alike. Harmonics of
-    one circle keep every job's phases at the same places of it iteration after iteration, which
-    periods that are not near multiples of each other would not."""
+def pace_margin(timings: Sequence[JobTiming]) -> float:
+    """How much the pace stretches the periods: the latest measured lateness of the jobs (at least
+    MIN_PACE_MARGIN), or PACE_MARGIN where a job's lateness was not measured."""
+    lateness = [timing.lateness for timing in timings]
+    if not lateness or any(late is None for late in lateness):
+        return PACE_MARGIN
+    return max(MIN_PACE_MARGIN, *lateness)
+
+
+def paces(timings: Sequence[JobTiming], margin: float | None = None) -> dict[str, float]:
+    """Each job's pace: the circle is the longest period stretched by `margin` (pace_margin's where
+    none is given); each job gets the shortest circle / k (k = 1, 2, ...) that is at least its own
+    period stretched alike. Harmonics of one circle keep every job's phases at the same places of it
+    iteration after iteration, which periods that are not near multiples of each other would not."""
     if not timings:
         return {}
+    if margin is None:
+        margin = pace_margin(timings)
     circle = max(timing.period_ms for timing in timings) * (1 + margin)
     if circle <= 0:
         return {timing.job: 0.0 for timing in timings}

@@ -50,13 +50,15 @@ def job_row(iterations: pd.DataFrame, arrival_s: float | None) -> dict[str, floa
 
 def measured_timing(iterations: pd.DataFrame, tensors: pd.DataFrame) -> dict[str, float] | None:
     """A job's iteration as its run alone measured it, what the time-shift policy places (the job
-    document's period_ms, comm_ms, comm_start_ms): the mean steady iteration time; the arc during
+    document's period_ms, period_p99_ms, comm_ms, comm_start_ms): the mean steady iteration time and its
+    99th percentile (how late an iteration may come: the pace's margin); the arc during
     which it communicates, from a worker's first transfer of an iteration to its last (the span, not
     the time some transfer was in flight: a job whose layers' messages trickle through its backward
     pass holds the link in that whole arc, with gaps too short for another job's phase); and the
     mean time from a worker's iteration start to its first transfer. None without steady iterations
     or transfers."""
-    period = metrics.iteration_times_s(iterations).mean()
+    times = metrics.iteration_times_s(iterations)
+    period = times.mean()
     workers = iterations[iterations["role"] == "worker"]
     transfers = tensors[tensors["role"] == "worker"]
     if transfers.empty or workers.empty or not (period > 0):
@@ -69,7 +71,9 @@ def measured_timing(iterations: pd.DataFrame, tensors: pd.DataFrame) -> dict[str
     span = (last[steady] - first[steady]).dropna()
     if lead.empty or span.empty:
         return None
-    return {"period_ms": round(float(period) * 1000, 3), "comm_ms": round(min(float(span.mean()), period) * 1000, 3),
+    return {"period_ms": round(float(period) * 1000, 3),
+            "period_p99_ms": round(max(float(times.quantile(0.99)), float(period)) * 1000, 3),
+            "comm_ms": round(min(float(span.mean()), period) * 1000, 3),
             "comm_start_ms": round(max(0.0, float(lead.mean())) * 1000, 3)}
 
 

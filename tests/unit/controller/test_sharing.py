@@ -9,7 +9,8 @@ from common.classes import GRADIENT_DSCPS
 from controller.pipeline import WantedMarks
 from controller.priority import CapacityError
 from controller.scheduling import JobFlow, Layer, RegisteredJob, describe_job, parse_job, sharing_of
-from controller.sharing import MAX_JOBS, JobTiming, TimeShift, bands, interleave, paced, paces, placement, share
+from controller.sharing import (MAX_JOBS, MIN_PACE_MARGIN, PACE_MARGIN, JobTiming, TimeShift, bands, interleave,
+                                pace_margin, paced, paces, placement, share)
 from helpers.fabric_views import ip, leaf_spine
 from unit.controller.test_pipeline import installed, marked, sync_marks, tcp
 from unit.controller.test_rest import controller_app, refused, request
@@ -109,8 +110,19 @@ def test_the_job_document_takes_sharing_and_comm_ms():
 
 
 # -- timeshift ------------------------------------------------------------------------------------
-def timing(name, forward, backward, comm, period=None, comm_start=None):
-    return JobTiming(name, forward, backward, comm, period, comm_start)
+def timing(name, forward, backward, comm, period=None, comm_start=None, p99=None):
+    return JobTiming(name, forward, backward, comm, period, comm_start, p99)
+
+
+def test_the_pace_stretches_the_periods_by_the_latest_measured_lateness_or_a_fixed_margin():
+    # a's iterations alone: 200 ms, the 99th percentile 206 (3% late); b's 200 and 202 (1%)
+    a, b = timing("a", 60, 40, 40, period=200, p99=206), timing("b", 60, 40, 40, period=200, p99=202)
+    assert pace_margin([a, b]) == pytest.approx(0.03) and paces([a, b]) == pytest.approx({"a": 206.0, "b": 206.0})
+    steady = timing("c", 60, 40, 40, period=200, p99=200)  # never late: the least margin still
+    assert pace_margin([steady]) == MIN_PACE_MARGIN
+    unmeasured = timing("d", 60, 40, 40, period=200)  # one job's lateness unknown: the fixed margin for all
+    assert pace_margin([a, unmeasured]) == PACE_MARGIN and paces([a, unmeasured]) == pytest.approx(
+        {"a": 210.0, "d": 210.0})
 
 
 def test_two_jobs_of_one_period_interleave_their_phases():
@@ -216,3 +228,8 @@ def test_post_and_get_jobs_tell_each_job_its_band_and_start_offset():
             request(app, "DELETE", f"/jobs/{name}")
         measured = {**a, "period_ms": 200.0, "comm_start_ms": 20.0}
         assert request(app, "POST", "/jobs", measured).json["pace_ms"] == 210.0
+        request(app, "DELETE", "/jobs/a")
+        refused(request(app, "POST", "/jobs", {**measured, "period_p99_ms": -1}), 400, "period_p99_ms")
+        request(app, "POST", "/jobs", {**measured, "period_p99_ms": 204.0})  # 2% late at the 99th percentile
+        late = {**b, "period_ms": 200.0, "comm_start_ms": 20.0, "period_p99_ms": 202.0}
+        assert request(app, "POST", "/jobs", late).json["pace_ms"] == pytest.approx(204.0)

@@ -310,8 +310,12 @@ def test_the_time_shift_places_each_job_as_its_run_alone_measured_it():
                              "end_s": 100.2 + 0.5 * i + part} for rank in (0, 1) for i in range(5)
                             for part in (0.0, 0.2)])
     assert multijob.measured_timing(iterations, tensors) == pytest.approx(
-        {"period_ms": 500.0, "comm_ms": 300.0, "comm_start_ms": 100.0})
+        {"period_ms": 500.0, "period_p99_ms": 500.0, "comm_ms": 300.0, "comm_start_ms": 100.0})
     assert multijob.measured_timing(iterations, tensors.iloc[:0]) is None
+    # iteration 2 ends 0.1 s late (iteration 3 on time): steady intervals 0.5, 0.6, 0.4 s
+    late = iterations.assign(end_s=iterations["end_s"] + 0.1 * (iterations["iteration"] == 2))
+    timing = multijob.measured_timing(late, tensors)
+    assert timing["period_ms"] == pytest.approx(500.0) and 590.0 < timing["period_p99_ms"] <= 600.0
 
 
 def test_each_jobs_bytes_go_on_the_uplink_its_flows_were_placed_on():
