@@ -410,7 +410,8 @@ def run_once(fab: Fabric, out: Path, plans: list[RunPlan], rates: pd.DataFrame, 
                     pace_s = (decided.get("pace_ms") or 0.0) / 1000 if several else 0.0
                     tag = job_tag(base, plan.number)
                     processes += launch_job(fab, out, plan, layer_dscp, tag, start_at, pace_s)
-                    measured = {key: plan.document[key] for key in ("period_ms", "period_p99_ms", "comm_ms", "comm_start_ms")
+                    measured = {key: plan.document[key]
+                                for key in ("period_ms", "period_p99_ms", "comm_ms", "comm_start_ms")
                                 if plan.document and "period_ms" in plan.document}
                     jobs.append({"name": plan.name, "job_id": plan.job_id, "tag": tag,
                                  "arrival_s": jobs_start + plan.start_s, "start_at_s": start_at,
