@@ -11,6 +11,8 @@ import pandas as pd
 
 from common.paths import REPO
 from emulation.cluster import to_local_clock
+from emulation.machine import Jiffies
+from experiments import sampler
 from experiments.sampler import CPU_COLUMNS, SAMPLED_FILES, RemoteSamplers, _threads, sampler_command
 
 
@@ -45,8 +47,6 @@ def test_a_servers_sampler_runs_in_the_repository_until_its_stdin_ends(tmp_path)
 def test_a_sampler_stopped_within_a_jiffy_still_writes_its_last_sample(tmp_path, monkeypatch):
     """/proc/stat counts in jiffies: a sampler whose stop comes before the next one would have no deltas,
     and no row; it waits for them."""
-    from emulation.machine import Jiffies
-    from experiments import sampler
     readings = iter([Jiffies(10, 100, 0), Jiffies(10, 100, 0), Jiffies(15, 108, 1)])
     monkeypatch.setattr(sampler, "machine_jiffies", lambda: next(readings))
     monkeypatch.setattr(sampler, "datapath_drops", lambda coverage: 0)
