@@ -40,6 +40,9 @@ from hostapps.mlt.pacing import FLOOR_SHARE, LINK_SHARE
 from hostapps.transport import MessageKey, Peer
 
 ADVICE_INTERVAL_S = 0.01       # how often a receiver re-advises the senders of messages in flight
+LINGER_GAPS = 2                # a sender whose last message ended keeps its share this many of its datagram gaps
+MAX_LINGER_S = 0.05            # and at most this long (a sender at the floor share, 1/20 of the link, paces ~36 ms
+                               # gaps at 40 Mbit/s)
 REMEMBER_MARGIN_S = 1.0        # a completed message is remembered this long beyond its sender's timeout
 MAX_REMEMBERED = 1 << 16       # completed messages remembered per peer at most (about 10 MB), far beyond what
 #                                one iteration of a job sends a peer: beyond, its least recently heard iterations
@@ -193,6 +196,7 @@ class Receiver:
         self._completed: dict[Peer, Completed] = {}
         self._remember_s = timeout + REMEMBER_MARGIN_S  # every process of a job has the same timeout
         self._in_flight: dict[Peer, Counter[int]] = {}  # each peer's incomplete messages by service rank
+        self._lingering: dict[Peer, tuple[float, int]] = {}  # peer whose last message ended: until, its rank
         self._advised: dict[Peer, int] = {}  # the share we last advised each peer
         self._shares: dict[Peer, int] | None = None  # _shares_kbps() until the in-flight classes change
         self._held_messages: Counter[Peer] = Counter()  # each peer's incomplete messages
@@ -230,7 +234,7 @@ class Receiver:
             reassembly = self.incoming[ident] = Reassembly(total, self.fragment_bytes, now)
             self._held_messages[peer] += 1
             self._held_bytes[peer] += footprint
-            if self._count_in_flight(peer, key, reassembly, +1):
+            if self._count_in_flight(peer, key, reassembly, +1, now):
                 advice = self._advice(now, changed_only=True)
         elif total != reassembly.total:  # off the grid its first datagram set
             self.stats.mismatched += 1
@@ -279,7 +283,14 @@ class Receiver:
     def tick(self, now: float) -> list[Action]:
         """Timers: advise senders; complete or NACK quiet messages; forget stale ones, and the completed ones
         whose senders gave up on them."""
-        actions: list[Action] = self._advice(now) if now >= self._next_advice else []
+        expired = [peer for peer, (until, _) in self._lingering.items() if until <= now]
+        for peer in expired:
+            del self._lingering[peer]
+        if expired:
+            self._shares = None
+        actions: list[Action] = self._advice(now, changed_only=True) if expired else []
+        if now >= self._next_advice:
+            actions += self._advice(now)
         for completed in self._completed.values():
             completed.forget(now - self._remember_s)
         for (peer, key), reassembly in list(self.incoming.items()):
@@ -301,20 +312,32 @@ class Receiver:
             return [self._feedback(peer, key, reassembly, codec.KIND_NACK, now)]
         return []
 
-    def _count_in_flight(self, peer: Peer, key: MessageKey, reassembly: Reassembly, change: int) -> bool:
+    def _count_in_flight(self, peer: Peer, key: MessageKey, reassembly: Reassembly, change: int,
+                         now: float) -> bool:
         """Count a message of `peer` in (+1) or out (-1) of flight; True if that changed the peer's share:
-        its first message began, its last one ended, or its most important class changed.  A one-datagram
-        message is over as it begins: it never counts."""
+        its first message began or its most important class changed.  A one-datagram message is over as it
+        begins: it never counts.
+
+        When its last message ends the peer lingers: it keeps its share for LINGER_GAPS of its own datagram
+        gaps (at least a quiet period), and tick re-advises the others once that is over.  A share belongs to
+        a sender's stream, not to each message: a worker pushing slice after slice is one paced gap from its
+        next, and re-advising the others a larger share at each slice's end overloads the link by a frame a
+        boundary (five pushers of a shard side by side: about 15%, its queue overflowed and NACKs followed)."""
         if len(reassembly.received) == 1:
             return False
         ranks = self._in_flight.get(peer)
         if ranks is None:
             ranks = self._in_flight[peer] = Counter()
-        before = min(ranks) if ranks else None
+        lingering = self._lingering.pop(peer, None) if change > 0 else None
+        before = min(ranks) if ranks else (lingering[1] if lingering else None)
         rank = service_rank(self.layer_dscp.get(key.tensor, 0))
         ranks[rank] += change
         if not ranks[rank]:
             del ranks[rank]
+        if not ranks and change < 0:
+            gap = (reassembly.last_arrival - reassembly.first_arrival) / max(1, reassembly.arrivals - 1)
+            self._lingering[peer] = (now + min(MAX_LINGER_S, max(self.quiet_s, LINGER_GAPS * gap)), before)
+            return False
         changed = (min(ranks) if ranks else None) != before
         if changed:
             self._shares = None
@@ -335,6 +358,7 @@ class Receiver:
 
     def _compute_shares(self) -> dict[Peer, int]:
         ranks = {peer: min(counts) for peer, counts in self._in_flight.items() if counts}
+        ranks.update({peer: rank for peer, (_, rank) in self._lingering.items() if peer not in ranks})
         if not ranks:
             return {}
         if self.me.role == "server":
@@ -370,7 +394,7 @@ class Receiver:
         reassembly = self.incoming.pop((peer, key))
         self._held_messages[peer] -= 1
         self._held_bytes[peer] -= reassembly_bytes(reassembly.total, reassembly.fragment_bytes)
-        if self._count_in_flight(peer, key, reassembly, -1):
+        if self._count_in_flight(peer, key, reassembly, -1, now):
             return self._advice(now, changed_only=True)
         return []
 

@@ -11,7 +11,7 @@ from hostapps.assembly import mlt_options
 from hostapps.mlt import MltOptions, MltStats, wire
 from hostapps.mlt.pacing import FLOOR_SHARE, LINK_SHARE, PACING_BURST_S, HostPacer
 from hostapps.mlt.peers import Peers
-from hostapps.mlt.receiver import Delivery, Receiver, Reply
+from hostapps.mlt.receiver import MAX_LINGER_S, Delivery, Receiver, Reply
 from common.classes import LOWER_EFFORT_DSCP
 from hostapps.mlt.sender import LOSSY_PATH_S, MAX_RTO_S, MIN_RTO_S, RTO_S, Emission, Failure, Outgoing, Sender
 from hostapps.transport import MessageKey, Peer
@@ -105,7 +105,7 @@ def test_a_whole_message_is_acked_and_delivered_its_sender_advised_its_share_whi
     assert (answer.frame.kind, answer.frame.total, answer.delivered, answer.fragment_bytes) == (
         codec.KIND_ACK, 1024, 1024, FRAGMENT)
     assert datagram(advice.datagram).advised_kbps == int(LINK_SHARE * 100 * 1000)  # the only sender: the whole link
-    assert answer.advised_kbps == 0  # nothing of SENDER's in flight any more: no advice
+    assert answer.advised_kbps == int(LINK_SHARE * 100 * 1000)  # its share lingers past its message (next test)
     assert delivery.message.buffer.tobytes() == MESSAGE and machine.incoming == {}
 
 
@@ -224,11 +224,44 @@ def test_each_sender_with_a_message_in_flight_is_advised_its_share_at_once():
     assert advised(machine.tick(0.1)) == {SENDER: half, OTHER: half}  # and again every ADVICE_INTERVAL_S
     for index in range(1, 10):
         machine.on_data(OTHER, data(KEY, index, MESSAGE), now=0.1)
-    ack, delivery, advice = machine.on_data(OTHER, data(KEY, 10, MESSAGE), now=0.1)  # OTHER's message is over
-    assert advised([advice]) == {SENDER: whole} and datagram(ack.datagram).advised_kbps == 0  # OTHER: none
+    ack, delivery = machine.on_data(OTHER, data(KEY, 10, MESSAGE), now=0.1)  # OTHER's message is over: its share
+    assert datagram(ack.datagram).advised_kbps == half  # lingers (quiet_s here: its datagrams came all at once)
+    assert advised(machine.tick(0.104)) == {}
+    assert advised(machine.tick(0.106)) == {SENDER: whole}  # then SENDER is re-advised the whole link
     assert advised(machine.tick(0.2)) == {SENDER: whole}
     one = machine.on_data(OTHER, data(KEY._replace(tensor=3), 0, MESSAGE[:100]), now=0.2)
     assert advised(one) == {} and len(feedback_of(one)) == 1  # a one-datagram message: over as it begins
+
+
+def test_a_sender_between_two_messages_keeps_its_share_so_the_others_are_not_advised_more_for_a_gap():
+    """A shard's pushers send slice after slice, the next one paced gap behind the last: re-advising the others
+    the finished one's share at each slice's end would overload the link by a frame per boundary."""
+    whole, half = int(LINK_SHARE * 100 * 1000), int(LINK_SHARE * 100 * 1000 / 2)
+    machine = receiver()
+    machine.on_data(SENDER, data(KEY, 0, MESSAGE), now=0.0)
+    assert advised(machine.on_data(OTHER, data(KEY, 0, MESSAGE), now=0.0)) == {SENDER: half, OTHER: half}
+    for index in range(1, 11):  # SENDER's datagrams 4 ms apart: its message ends at 40 ms, it lingers 2 gaps
+        actions = machine.on_data(SENDER, data(KEY, index, MESSAGE), now=0.004 * index)
+    assert advised(actions) == {} and any(isinstance(a, Delivery) for a in actions)
+    assert advised(machine.tick(0.047)) == {SENDER: half, OTHER: half}  # the periodic advice: OTHER held at half
+    nxt = KEY._replace(tensor=2)
+    assert advised(machine.on_data(SENDER, data(nxt, 0, MESSAGE), now=0.044)) == {}  # its next slice: no change
+    assert advised(machine.tick(0.06)) == {SENDER: half, OTHER: half}  # the periodic advice, unchanged
+    for index in range(1, 11):
+        machine.on_data(SENDER, data(nxt, index, MESSAGE), now=0.044 + 0.004 * index)  # ends at 84 ms
+    assert advised(machine.tick(0.0915)) == {SENDER: half, OTHER: half}  # the periodic advice
+    assert advised(machine.tick(0.0925)) == {OTHER: whole}  # 2 gaps (8 ms) after SENDER's last datagram
+
+
+def test_a_slow_senders_linger_is_bounded():
+    whole, half = int(LINK_SHARE * 100 * 1000), int(LINK_SHARE * 100 * 1000 / 2)
+    machine = receiver()
+    machine.on_data(OTHER, data(KEY, 0, MESSAGE), now=0.0)
+    machine.on_data(SENDER, data(KEY, 0, MESSAGE), now=0.0)
+    for index in range(1, 11):  # a datagram a second
+        machine.on_data(SENDER, data(KEY, index, MESSAGE), now=float(index))
+    assert advised(machine.tick(10.0 + MAX_LINGER_S - 0.001)) == {SENDER: half, OTHER: half}  # periodic
+    assert advised(machine.tick(10.0 + MAX_LINGER_S + 0.001)) == {OTHER: whole}
 
 
 def test_the_senders_of_the_most_important_class_share_the_link_and_the_others_wait_at_the_floor():
