@@ -4,9 +4,11 @@ A 2x2x4 leaf-spine (100 Mbit/s host links, 400 Mbit/s uplinks, the 8-class prior
 port), iperf3 TCP flows from leaf1's hosts to leaf2's hosts crossing the spines: 4 flows one way,
 then 8 flows both ways, at each MTU asked for (default 1500 and 9000). Per case: aggregate goodput,
 the slowest and fastest flow, ovs-vswitchd's CPU (all threads, and its busiest thread, which
-forwards every packet), the machine's CPU, and what the switches dropped outside their class
-queues (transmit errors in the OVS log, port-socket receive drops). Then strict priority at each
-MTU: a CS5 and an unmarked TCP flow from two hosts into one host's 20 Mbit/s port.
+forwards every packet), the machine's CPU and the hypervisor's steal, and what the switches dropped
+outside their class queues (transmit errors in each server's OVS log, port-socket receive drops).
+Across servers (`--servers`), also what the crossing links' VXLAN devices sent through the tunnels
+against the flows' bytes (each flow crosses one). Then strict priority at each MTU: a CS5 and an
+unmarked TCP flow from two hosts into one host's 20 Mbit/s port.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from emulation.emulated_server import vswitchd_pid_at
 from emulation.fabric import Fabric
 from emulation.machine import (busiest_thread_share, machine_jiffies, port_socket_drops, process_cpu_s,
                                thread_jiffies, vswitchd_pid)
-from emulation.ovslog import OvsLog
+from emulation.ovslog import OVS_LOG, OvsLog, parse_transmit_errors
+from topologies.cluster import LOCAL
 
 HOSTS_PER_LEAF = 4
 
@@ -47,20 +50,24 @@ def measure(fab: Fabric, case: Case, seconds: float) -> dict:
     pid = vswitchd_pid()
     others = [other for server in fab.servers or [] if (other := vswitchd_pid_at(server)) is not None]
     log = OvsLog()
+    remote_logs = {switch.server: log_size(switch) for switch in remote_switches(fab)}
+    tunnels0 = tunnel_bytes(fab)
     drops0 = sum(port_socket_drops().values())
     cpu0, threads0, t0 = process_cpu_s(pid), thread_jiffies(pid), time.monotonic()
-    busy0, total0, _ = machine_jiffies()
+    busy0, total0, steal0 = machine_jiffies()
     others0 = {other: (process_cpu_s(other), thread_jiffies(other)) for other in others}
     clients = [fab.popen(src, ["iperf3", "-c", fab.host(dst).IP(), "-p", str(5201 + i),
                                "-t", str(seconds), "-J"])
                for i, (src, dst) in enumerate(pairs)]
     results = [json.loads(c.communicate(timeout=seconds + 30)[0]) for c in clients]
     elapsed = time.monotonic() - t0
-    cpu1, threads1, (busy1, total1, _) = process_cpu_s(pid), thread_jiffies(pid), machine_jiffies()
+    cpu1, threads1, (busy1, total1, steal1) = process_cpu_s(pid), thread_jiffies(pid), machine_jiffies()
+    tunnels1 = tunnel_bytes(fab)
     others1 = {other: (process_cpu_s(other), thread_jiffies(other)) for other in others}
     for server in servers:
         server.wait(10)
     goodputs = [r["end"]["sum_received"]["bits_per_second"] / 1e6 for r in results]
+    received = sum(r["end"]["sum_received"]["bytes"] for r in results)
     # full TCP segments (MSS: the MTU less IP, TCP and timestamp headers) a second, over iperf3's own intervals
     packets = sum(goodputs) * 1e6 / 8 / (case.mtu - 52)
     return {"case": case.name, "flows": len(pairs), "aggregate_mbps": sum(goodputs),
@@ -73,8 +80,44 @@ def measure(fab: Fabric, case: Case, seconds: float) -> dict:
             "other_vswitchd_busiest_thread": [busiest_thread_share(others0[o][1], others1[o][1], elapsed)
                                               for o in others],
             "machine_util": (busy1 - busy0) / (total1 - total0),
+            "steal": (steal1 - steal0) / (total1 - total0),
             "ovs_tx_errors": log.transmit_errors().total,
-            "port_socket_drops": sum(port_socket_drops().values()) - drops0}
+            "other_ovs_tx_errors": {switch.server: transmit_errors_since(switch, remote_logs[switch.server])
+                                    for switch in remote_switches(fab)},
+            "port_socket_drops": sum(port_socket_drops().values()) - drops0,
+            "received_bytes": received,
+            "tunnel_bytes": sum(tunnels1.values()) - sum(tunnels0.values()) if tunnels0 else None}
+
+
+def remote_switches(fab: Fabric) -> list:
+    """One switch on each server but this machine (its shell runs there: the way to read that server)."""
+    firsts = {}
+    for switch in fab.net.switches if fab.servers else []:
+        if switch.server != LOCAL:
+            firsts.setdefault(switch.server, switch)
+    return list(firsts.values())
+
+
+def log_size(switch) -> int:
+    said = switch.cmd(f"stat -c %s {OVS_LOG} 2>/dev/null").strip()
+    return int(said) if said.isdigit() else 0
+
+
+def transmit_errors_since(switch, offset: int) -> int:
+    """Transmit errors logged by the ovs-vswitchd of the switch's server since its log was `offset` long."""
+    return parse_transmit_errors(switch.cmd(f"tail -c +{offset + 1} {OVS_LOG} 2>/dev/null")).total
+
+
+def crossing_ends(fab: Fabric) -> list:
+    """Every interface that ends a crossing link (a VXLAN device: what it sends goes through the tunnel)."""
+    return [intf for link in (fab.net.links if fab.servers else [])
+            if link.intf1.node.server != link.intf2.node.server for intf in (link.intf1, link.intf2)]
+
+
+def tunnel_bytes(fab: Fabric) -> dict[str, int]:
+    """Bytes each crossing link's end has sent into its tunnel (inner frames), by interface."""
+    return {f"{intf.node.name}:{intf.name}": int(intf.node.cmd(f"cat /sys/class/net/{intf.name}/statistics/tx_bytes"))
+            for intf in crossing_ends(fab)}
 
 
 def wait_listening(host, port: int, timeout: float = 15.0) -> None:
@@ -132,8 +175,12 @@ def format_row(row: dict, host_bw: float) -> str:
             + "".join(f", another {cores:.2f} ({thread:.2f})" for cores, thread in
                       zip(row['other_vswitchd_cores'], row['other_vswitchd_busiest_thread']))
             + f"); {row['segments_per_s'] / 1000:.1f}k segments/s; "
-            f"machine {row['machine_util']:.0%}; OVS transmit errors {row['ovs_tx_errors']}, "
-            f"port-socket drops {row['port_socket_drops']}")
+            f"machine {row['machine_util']:.0%} (steal {row['steal']:.1%}); OVS transmit errors {row['ovs_tx_errors']}"
+            + "".join(f", on {server} {errors}" for server, errors in row["other_ovs_tx_errors"].items())
+            + f", port-socket drops {row['port_socket_drops']}"
+            + ("" if row["tunnel_bytes"] is None else
+               f"; tunnels sent {row['tunnel_bytes'] / 1e6:.1f} MB for the flows' "
+               f"{row['received_bytes'] / 1e6:.1f} MB"))
 
 
 def main() -> None:
