@@ -43,6 +43,7 @@ ADVICE_INTERVAL_S = 0.01       # how often a receiver re-advises the senders of 
 LINGER_GAPS = 2                # a sender whose last message ended keeps its share this many of its datagram gaps
 MAX_LINGER_S = 0.05            # and at most this long (a sender at the floor share, 1/20 of the link, paces ~36 ms
                                # gaps at 40 Mbit/s)
+CATCH_UP_S = 0.1               # a shard gives a pusher behind the others more of its link: weights (_catch_up_shares)
 REMEMBER_MARGIN_S = 1.0        # a completed message is remembered this long beyond its sender's timeout
 MAX_REMEMBERED = 1 << 16       # completed messages remembered per peer at most (about 10 MB), far beyond what
 #                                one iteration of a job sends a peer: beyond, its least recently heard iterations
@@ -197,6 +198,8 @@ class Receiver:
         self._remember_s = timeout + REMEMBER_MARGIN_S  # every process of a job has the same timeout
         self._in_flight: dict[Peer, Counter[int]] = {}  # each peer's incomplete messages by service rank
         self._lingering: dict[Peer, tuple[float, int]] = {}  # peer whose last message ended: until, its rank
+        self._progress: dict[Peer, tuple[int, int]] = {}  # a shard's pushers: latest iteration, bytes of it placed
+        self._iteration_bytes = 0  # the most one pusher has sent this shard in an iteration
         self._advised: dict[Peer, int] = {}  # the share we last advised each peer
         self._shares: dict[Peer, int] | None = None  # _shares_kbps() until the in-flight classes change
         self._held_messages: Counter[Peer] = Counter()  # each peer's incomplete messages
@@ -276,7 +279,10 @@ class Receiver:
                now: float) -> Sequence[Action]:
         if not reassembly.add(datagram.frame.offset, datagram.payload, now):
             self.stats.duplicates += 1
-        elif reassembly.delivered == reassembly.total:
+            return ()
+        if self.me.role == "server":
+            self._count_progress(peer, key.iteration, len(datagram.payload))
+        if reassembly.delivered == reassembly.total:
             return self._complete(peer, key, reassembly, now)
         return ()
 
@@ -290,6 +296,8 @@ class Receiver:
             self._shares = None
         actions: list[Action] = self._advice(now, changed_only=True) if expired else []
         if now >= self._next_advice:
+            if self.me.role == "server":
+                self._shares = None  # the pushers' progress moved: re-weighed at each periodic advice
             actions += self._advice(now)
         for completed in self._completed.values():
             completed.forget(now - self._remember_s)
@@ -348,10 +356,10 @@ class Receiver:
         class split it evenly, the others are held at the floor (the fabric's strict priority, which pacing
         alone would defeat: paced senders build no queue for it to order).
 
-        A parameter server's shard splits it evenly whatever the classes: it aggregates a slice only once every
-        worker's piece is in, so one worker's more important layer ahead of another's less important one
-        completes no slice sooner, and by class each class change would re-advise every pusher, their rates
-        out of step for a round trip each time."""
+        A parameter server's shard splits it by its pushers' progress whatever the classes (_catch_up_shares): it
+        aggregates a slice only once every worker's piece is in, so one worker's more important layer ahead of
+        another's less important one completes no slice sooner, and by class each class change would re-advise
+        every pusher, their rates out of step for a round trip each time."""
         if self._shares is None:  # asked for every ACK and NACK: computed once per change of the classes
             self._shares = self._compute_shares()
         return self._shares
@@ -361,14 +369,40 @@ class Receiver:
         ranks.update({peer: rank for peer, (_, rank) in self._lingering.items() if peer not in ranks})
         if not ranks:
             return {}
-        if self.me.role == "server":
-            ranks = dict.fromkeys(ranks, 0)
         link_kbps = self.link_mbps * 1000
         floor = int(FLOOR_SHARE * link_kbps)
+        if self.me.role == "server":
+            return self._catch_up_shares(list(ranks), link_kbps, floor)
         top = min(ranks.values())
         first = [peer for peer, rank in ranks.items() if rank == top]
         share = max(floor, int((LINK_SHARE * link_kbps - floor * (len(ranks) - len(first))) / len(first)))
         return {peer: share if rank == top else floor for peer, rank in ranks.items()}
+
+    def _count_progress(self, peer: Peer, iteration: int, nbytes: int) -> None:
+        latest, placed = self._progress.get(peer, (iteration, 0))
+        if iteration > latest:
+            self._iteration_bytes = max(self._iteration_bytes, placed)
+            self._progress[peer] = (iteration, nbytes)
+        elif iteration == latest:
+            self._progress[peer] = (iteration, placed + nbytes)
+
+    def _catch_up_shares(self, peers: list[Peer], link_kbps: float, floor: int) -> dict[Peer, int]:
+        """A shard's shares: each pusher's weight is how far it is behind the one furthest ahead (bytes, an
+        iteration counted as the most one pusher sent in one), plus what one sends at an even share in
+        CATCH_UP_S; level pushers split the link evenly.  Every slice waits for its last piece, so the pusher
+        behind gates them all: split evenly, one that started late finished late, its slices' pulls piled
+        up at the end of the iteration and were returned one worker after another, so the last one pulled
+        started the next iteration later still, the workers' spread growing by about 50 ms an iteration
+        (5 workers, 64 KB slices)."""
+        position = {}
+        for peer in peers:
+            iteration, placed = self._progress.get(peer, (0, 0))
+            position[peer] = iteration * self._iteration_bytes + placed
+        lead = max(position.values())
+        base = link_kbps * 1000 / 8 * CATCH_UP_S / len(peers)
+        weights = {peer: base + lead - position[peer] for peer in peers}
+        total = sum(weights.values())
+        return {peer: max(floor, int(LINK_SHARE * link_kbps * weight / total)) for peer, weight in weights.items()}
 
     def _advice(self, now: float, changed_only: bool = False) -> list[Action]:
         """A RATE frame with its share to every sender with a message in flight (changed_only: to those whose

@@ -17,6 +17,7 @@ from hostapps.mlt.sender import LOSSY_PATH_S, MAX_RTO_S, MIN_RTO_S, RTO_S, Emiss
 from hostapps.transport import MessageKey, Peer
 
 SENDER, RECEIVER, OTHER = Peer("worker", 0), Peer("server", 0), Peer("worker", 1)
+RANK = Peer("worker", 3)  # a receiver other than a shard: an all-reduce rank
 KEY = MessageKey(3, 1, 0)
 TAG, TIMEOUT, FRAGMENT = 7, 5.0, 100
 
@@ -32,8 +33,8 @@ def sender(timeout: float = TIMEOUT, **changes) -> Sender:
     return machine
 
 
-def receiver(timeout: float = TIMEOUT, **changes) -> Receiver:
-    return Receiver(RECEIVER, TAG, options(**changes), timeout, MltStats())
+def receiver(timeout: float = TIMEOUT, me: Peer = RECEIVER, **changes) -> Receiver:
+    return Receiver(me, TAG, options(**changes), timeout, MltStats())
 
 
 def datagram(data: bytes) -> codec.Datagram:
@@ -216,7 +217,7 @@ def advised(actions) -> dict[Peer, int]:
 
 def test_each_sender_with_a_message_in_flight_is_advised_its_share_at_once():
     whole, half = int(LINK_SHARE * 100 * 1000), int(LINK_SHARE * 100 * 1000 / 2)
-    machine = receiver()
+    machine = receiver(me=RANK)
     assert advised(machine.on_data(SENDER, data(KEY, 0, MESSAGE), now=0.0)) == {SENDER: whole}
     assert advised(machine.on_data(SENDER, data(KEY, 1, MESSAGE), now=0.0)) == {}  # no change, no advice
     # OTHER starts while SENDER's message is in flight: both are re-advised on OTHER's first datagram
@@ -237,7 +238,7 @@ def test_a_sender_between_two_messages_keeps_its_share_so_the_others_are_not_adv
     """A shard's pushers send slice after slice, the next one paced gap behind the last: re-advising the others
     the finished one's share at each slice's end would overload the link by a frame per boundary."""
     whole, half = int(LINK_SHARE * 100 * 1000), int(LINK_SHARE * 100 * 1000 / 2)
-    machine = receiver()
+    machine = receiver(me=RANK)
     machine.on_data(SENDER, data(KEY, 0, MESSAGE), now=0.0)
     assert advised(machine.on_data(OTHER, data(KEY, 0, MESSAGE), now=0.0)) == {SENDER: half, OTHER: half}
     for index in range(1, 11):  # SENDER's datagrams 4 ms apart: its message ends at 40 ms, it lingers 2 gaps
@@ -255,7 +256,7 @@ def test_a_sender_between_two_messages_keeps_its_share_so_the_others_are_not_adv
 
 def test_a_slow_senders_linger_is_bounded():
     whole, half = int(LINK_SHARE * 100 * 1000), int(LINK_SHARE * 100 * 1000 / 2)
-    machine = receiver()
+    machine = receiver(me=RANK)
     machine.on_data(OTHER, data(KEY, 0, MESSAGE), now=0.0)
     machine.on_data(SENDER, data(KEY, 0, MESSAGE), now=0.0)
     for index in range(1, 11):  # a datagram a second
@@ -276,7 +277,44 @@ def test_the_senders_of_the_most_important_class_share_the_link_and_the_others_w
         SENDER: floor, OTHER: int(LINK_SHARE * 100 * 1000) - 2 * floor}
 
 
-def test_a_parameter_server_shard_splits_its_link_evenly_among_pushers_whatever_their_classes():
+def test_a_shard_gives_the_pusher_behind_the_others_more_of_its_link_until_it_catches_up():
+    """Every slice waits for its last piece: the pusher furthest behind gates them all."""
+    machine = receiver()  # RECEIVER is a shard
+    link = LINK_SHARE * 100 * 1000
+    for index in range(6):
+        machine.on_data(SENDER, data(KEY, index, MESSAGE), now=0.0)
+    machine.on_data(OTHER, data(KEY, 0, MESSAGE), now=0.0)
+    shares = advised(machine.tick(0.0))
+    assert shares[OTHER] > link / 2 > shares[SENDER]  # OTHER is 500 bytes behind
+    for index in range(1, 10):
+        machine.on_data(OTHER, data(KEY, index, MESSAGE), now=0.001)  # OTHER ahead now: 1000 bytes to 600
+    shares = advised(machine.tick(0.02))
+    assert shares[SENDER] > link / 2 > shares[OTHER]
+    machine.on_data(OTHER, data(KEY, 10, MESSAGE), now=0.002)
+    for index in range(6, 11):
+        machine.on_data(SENDER, data(KEY, index, MESSAGE), now=0.002)  # both done with iteration 3
+    after = KEY._replace(iteration=4)
+    machine.on_data(SENDER, data(after, 0, MESSAGE), now=0.003)
+    machine.on_data(OTHER, data(after, 0, MESSAGE), now=0.003)
+    shares = advised(machine.tick(0.04))
+    assert shares[SENDER] == shares[OTHER] == int(link / 2)  # level again, in the next iteration
+
+
+def test_a_pusher_an_iteration_ahead_counts_the_whole_iteration_ahead():
+    machine = receiver()
+    for index in range(11):
+        machine.on_data(SENDER, data(KEY, index, MESSAGE), now=0.0)
+        machine.on_data(OTHER, data(KEY, index, MESSAGE), now=0.0)
+    machine.on_data(SENDER, data(KEY._replace(iteration=4), 0, MESSAGE), now=0.001)  # iteration 4's first piece
+    machine.on_data(OTHER, data(KEY._replace(iteration=4, tensor=2), 0, MESSAGE), now=0.001)
+    for index in range(1, 11):
+        machine.on_data(SENDER, data(KEY._replace(iteration=4), index, MESSAGE), now=0.002)
+    machine.on_data(SENDER, data(KEY._replace(iteration=5), 0, MESSAGE), now=0.003)  # SENDER in iteration 5
+    shares = advised(machine.tick(0.0))
+    assert shares[OTHER] > shares[SENDER]
+
+
+def test_a_parameter_server_shard_splits_its_link_evenly_among_level_pushers_whatever_their_classes():
     """It aggregates a slice only once every worker's piece is in: no class of one worker goes before another's."""
     third = int(LINK_SHARE * 100 * 1000 / 3)
     machine = receiver(layer_dscp={5: 40, 6: 8})  # RECEIVER is a shard
