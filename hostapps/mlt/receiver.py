@@ -193,6 +193,7 @@ class Receiver:
         self.loss_bound, self.quiet_s = options.loss_bound, options.quiet_s
         self.link_mbps, self.max_message_bytes = options.link_mbps, options.max_message_bytes
         self.layer_dscp = options.layer_dscp
+        self.shard = me.role == "server"  # a parameter server's shard: its pushers' shares by progress, lingering
         self.incoming: dict[tuple[Peer, MessageKey], Reassembly] = {}
         self._completed: dict[Peer, Completed] = {}
         self._remember_s = timeout + REMEMBER_MARGIN_S  # every process of a job has the same timeout
@@ -280,7 +281,7 @@ class Receiver:
         if not reassembly.add(datagram.frame.offset, datagram.payload, now):
             self.stats.duplicates += 1
             return ()
-        if self.me.role == "server":
+        if self.shard:
             self._count_progress(peer, key.iteration, len(datagram.payload))
         if reassembly.delivered == reassembly.total:
             return self._complete(peer, key, reassembly, now)
@@ -294,11 +295,13 @@ class Receiver:
             del self._lingering[peer]
         if expired:
             self._shares = None
-        actions: list[Action] = self._advice(now, changed_only=True) if expired else []
-        if now >= self._next_advice:
-            if self.me.role == "server":
+        actions: list[Action] = []
+        if now >= self._next_advice:  # every sender advised: the expired lingers' changes with them
+            if self.shard:
                 self._shares = None  # the pushers' progress moved: re-weighed at each periodic advice
-            actions += self._advice(now)
+            actions = self._advice(now)
+        elif expired:
+            actions = self._advice(now, changed_only=True)
         for completed in self._completed.values():
             completed.forget(now - self._remember_s)
         for (peer, key), reassembly in list(self.incoming.items()):
@@ -329,10 +332,10 @@ class Receiver:
         At a parameter server's shard, when a pusher's last message ends it lingers: it keeps its share for
         LINGER_GAPS of its own datagram gaps (at least a quiet period), and tick re-advises the others once
         that is over.  A pusher sends slice after slice, each one paced gap behind the last, and re-advising
-        the others a larger share at each slice's end overloads the link by a frame a boundary (five pushers
-        side by side: about 15%, the shard's queue overflowed and NACKs followed).  An all-reduce rank's
-        senders pause between their messages while their own inputs arrive: held for them, the double
-        tree's other child sent at half its rate for nothing (1.12 -> 1.29 of its bound)."""
+        the others a larger share at each slice's end overloads the link for that gap (five pushers side by
+        side: four at a quarter and one still at its fifth, 1.2 times the link, at every boundary).  An
+        all-reduce rank's senders pause between their messages while their own inputs arrive: held for
+        them, a double tree's other child would send at half its rate for nothing."""
         if len(reassembly.received) == 1:
             return False
         ranks = self._in_flight.get(peer)
@@ -344,7 +347,7 @@ class Receiver:
         ranks[rank] += change
         if not ranks[rank]:
             del ranks[rank]
-        if not ranks and change < 0 and self.me.role == "server":
+        if not ranks and change < 0 and self.shard:
             gap = (reassembly.last_arrival - reassembly.first_arrival) / max(1, reassembly.arrivals - 1)
             self._lingering[peer] = (now + min(MAX_LINGER_S, max(self.quiet_s, LINGER_GAPS * gap)), before)
             return False
@@ -373,7 +376,7 @@ class Receiver:
             return {}
         link_kbps = self.link_mbps * 1000
         floor = int(FLOOR_SHARE * link_kbps)
-        if self.me.role == "server":
+        if self.shard:
             return self._catch_up_shares(list(ranks), link_kbps, floor)
         top = min(ranks.values())
         first = [peer for peer, rank in ranks.items() if rank == top]
@@ -392,10 +395,9 @@ class Receiver:
         """A shard's shares: each pusher's weight is how far it is behind the one furthest ahead (bytes, an
         iteration counted as the most one pusher sent in one), plus what one sends at an even share in
         CATCH_UP_S; level pushers split the link evenly.  Every slice waits for its last piece, so the pusher
-        behind gates them all: split evenly, one that started late finished late, its slices' pulls piled
-        up at the end of the iteration and were returned one worker after another, so the last one pulled
-        started the next iteration later still, the workers' spread growing by about 50 ms an iteration
-        (5 workers, 64 KB slices)."""
+        behind gates them all: split evenly, one that started late finishes late, its slices' pulls pile
+        up at the end of the iteration and go back one worker after another, so the last one pulled
+        starts the next iteration later still, and the workers' spread grows from iteration to iteration."""
         position = {}
         for peer in peers:
             iteration, placed = self._progress.get(peer, (0, 0))
